@@ -1,0 +1,154 @@
+//! `doc`: a typed document with a compare-and-swap retry loop.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::fmt;
+use std::marker::PhantomData;
+
+use crate::db::{Db, encode, from_json, to_json};
+use crate::error::{BoxError, Error, Result};
+use crate::store::{PutMode, PutOutcome, Version};
+
+/// One object as a typed document `T`, stored as canonical JSON. Made by [`Db::doc`].
+///
+/// ```
+/// # tokio_test::block_on(async {
+/// use serde::{Deserialize, Serialize};
+/// #[derive(Serialize, Deserialize, Default, Debug, PartialEq)]
+/// struct Counters { runs: u64 }
+///
+/// let db = cojob::Db::open("memory://").await?;
+/// let counters = db.doc::<Counters>("metrics/daily");
+/// counters.update(|mut c| { c.runs += 1; c }, Some(Counters::default())).await?;
+/// counters.update(|mut c| { c.runs += 1; c }, None).await?;
+/// let (value, _version) = counters.get().await?.expect("present");
+/// assert_eq!(value, Counters { runs: 2 });
+/// counters.delete().await?;
+/// assert!(counters.get().await?.is_none());
+/// # Ok::<(), cojob::Error>(()) });
+/// ```
+pub struct Doc<T> {
+    db: Db,
+    key: String,
+    max_attempts: u32,
+    _type: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for Doc<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Doc")
+            .field("key", &self.key)
+            .field("type", &std::any::type_name::<T>())
+            .field("max_attempts", &self.max_attempts)
+            .finish()
+    }
+}
+
+impl<T> Clone for Doc<T> {
+    fn clone(&self) -> Self {
+        Doc {
+            db: self.db.clone(),
+            key: self.key.clone(),
+            max_attempts: self.max_attempts,
+            _type: PhantomData,
+        }
+    }
+}
+
+impl Db {
+    /// A typed document at `key`. The key is checked on first use.
+    pub fn doc<T: Serialize + DeserializeOwned>(&self, key: &str) -> Doc<T> {
+        Doc {
+            db: self.clone(),
+            key: key.to_string(),
+            max_attempts: self.max_attempts(),
+            _type: PhantomData,
+        }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned> Doc<T> {
+    /// The document's key, as given.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Sets how many read-modify-write rounds `update` tries before giving up (at least 1;
+    /// default [`DEFAULT_MAX_ATTEMPTS`](crate::DEFAULT_MAX_ATTEMPTS)).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Reads the document and its version, or `None` if absent. A stored object that is not a
+    /// `T` is [`Error::Corrupt`].
+    pub async fn get(&self) -> Result<Option<(T, Version)>> {
+        let key = self.db.key(&self.key)?;
+        match self.db.read_json(&key).await? {
+            None => Ok(None),
+            Some((json, version)) => Ok(Some((from_json(&key, json)?, version))),
+        }
+    }
+
+    /// Atomic read-modify-write: reads the document (or takes `create` when absent), applies
+    /// `f`, and writes the result with compare-and-swap (or put-if-absent), retrying lost races
+    /// up to `max_attempts` times. `f` must be pure: it can run more than once. With no
+    /// `create`, an absent document is [`Error::NotFound`]. Returns the value written and its
+    /// version.
+    pub async fn update<F>(&self, mut f: F, create: Option<T>) -> Result<(T, Version)>
+    where
+        F: FnMut(T) -> T,
+    {
+        self.try_update(|v| Ok::<T, BoxError>(f(v)), create).await
+    }
+
+    /// Like [`update`](Self::update), but `f` can abort with an error, and then nothing is
+    /// written ([`Error::Aborted`]).
+    pub async fn try_update<F, E>(&self, mut f: F, create: Option<T>) -> Result<(T, Version)>
+    where
+        F: FnMut(T) -> Result<T, E>,
+        E: Into<BoxError>,
+    {
+        let key = self.db.key(&self.key)?;
+        let create: Option<Value> = create.map(|c| to_json(&key, &c)).transpose()?;
+        for _ in 0..self.max_attempts {
+            let (current, mode) = match self.db.read_json(&key).await? {
+                Some((json, version)) => (json, PutMode::IfMatch(version)),
+                None => match &create {
+                    Some(c) => (c.clone(), PutMode::IfAbsent),
+                    None => return Err(Error::NotFound { key }),
+                },
+            };
+            let next = f(from_json(&key, current)?).map_err(|e| Error::Aborted {
+                key: key.clone(),
+                source: e.into(),
+            })?;
+            let json = to_json(&key, &next)?;
+            let body = encode(&key, &json)?;
+            if let PutOutcome::Written(version) = self.db.store().put(&key, body, mode).await? {
+                return Ok((next, version));
+            }
+        }
+        Err(Error::Contention {
+            key,
+            attempts: self.max_attempts,
+        })
+    }
+
+    /// Writes `value` unconditionally.
+    pub async fn set(&self, value: &T) -> Result<Version> {
+        let key = self.db.key(&self.key)?;
+        let body = encode(&key, &to_json(&key, value)?)?;
+        match self.db.store().put(&key, body, PutMode::Overwrite).await? {
+            PutOutcome::Written(v) => Ok(v),
+            PutOutcome::Conflict => Err(Error::Contention { key, attempts: 1 }),
+        }
+    }
+
+    /// Deletes the document; deleting an absent document succeeds.
+    pub async fn delete(&self) -> Result<()> {
+        let key = self.db.key(&self.key)?;
+        Ok(self.db.store().delete(&key).await?)
+    }
+}

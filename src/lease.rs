@@ -1,0 +1,554 @@
+//! `lease`: expiring ownership with epoch fencing.
+//!
+//! A lease is the document `{"deadline_at":…,"epoch":…,"holder":…,"state":…}`, only ever
+//! replaced by compare-and-swap. Every acquisition bumps `epoch`, the fencing token. Every write
+//! through a [`Lease`] handle is guarded by the version the handle last saw; when the guard
+//! fails the handle re-reads and classifies: epoch advanced, holder changed or document gone
+//! means [`Error::LeaseLost`]; same epoch and holder means a cooperative write, whose state is
+//! absorbed before the write is retried.
+
+use chrono::{DateTime, Utc};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::db::{Db, encode, from_json};
+use crate::error::{BoxError, Error, LostReason, Result};
+use crate::json::{format_time, parse_time, truncate_micros};
+use crate::store::{PutMode, PutOutcome, Version};
+
+/// A state transition run atomically with an acquisition: it receives the current state (`None`
+/// for a fresh lease) and returns the new one, or an error to abort (nothing is written). It must
+/// be pure, because a lost race calls it again.
+pub type StateFn = Arc<dyn Fn(Option<&Value>) -> Result<Value, BoxError> + Send + Sync>;
+
+/// Options of [`Db::lease`].
+///
+/// ```
+/// use cojob::LeaseOptions;
+/// use std::time::Duration;
+/// let opts = LeaseOptions::new(cojob::new_holder(), Duration::from_secs(60))
+///     .state_fn(|s| Ok(serde_json::json!({"status": "running", "was": s.cloned()})))
+///     .steal_if_expired(true);
+/// assert_eq!(opts.ttl, Duration::from_secs(60));
+/// ```
+#[derive(Clone)]
+pub struct LeaseOptions {
+    /// How long an acquisition or renewal holds the lease. Must be greater than zero.
+    pub ttl: Duration,
+    /// Who is acquiring: an unguessable string (see [`new_holder`](crate::new_holder)).
+    pub holder: String,
+    /// An optional transition of the state, written atomically with the acquisition.
+    pub state_fn: Option<StateFn>,
+    /// Whether an expired lease held by someone else may be taken (default `true`).
+    pub steal_if_expired: bool,
+}
+
+impl fmt::Debug for LeaseOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseOptions")
+            .field("ttl", &self.ttl)
+            .field("holder", &"<redacted>")
+            .field("state_fn", &self.state_fn.is_some())
+            .field("steal_if_expired", &self.steal_if_expired)
+            .finish()
+    }
+}
+
+impl LeaseOptions {
+    /// Options for `holder` with `ttl`, no state function, stealing expired leases.
+    pub fn new(holder: impl Into<String>, ttl: Duration) -> Self {
+        LeaseOptions {
+            ttl,
+            holder: holder.into(),
+            state_fn: None,
+            steal_if_expired: true,
+        }
+    }
+
+    /// Sets the acquisition's state transition.
+    pub fn state_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(Option<&Value>) -> Result<Value, BoxError> + Send + Sync + 'static,
+    {
+        self.state_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Sets whether an expired lease may be stolen.
+    pub fn steal_if_expired(mut self, steal: bool) -> Self {
+        self.steal_if_expired = steal;
+        self
+    }
+}
+
+/// The stored lease document.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LeaseDoc {
+    pub deadline_at: DateTime<Utc>,
+    pub epoch: u64,
+    pub holder: Option<String>,
+    pub state: Value,
+}
+
+const FIELDS: [&str; 4] = ["deadline_at", "epoch", "holder", "state"];
+
+impl LeaseDoc {
+    pub(crate) fn to_json(&self) -> Value {
+        json!({
+            "deadline_at": format_time(self.deadline_at),
+            "epoch": self.epoch,
+            "holder": self.holder,
+            "state": self.state,
+        })
+    }
+
+    /// Parses a stored lease document, refusing anything that is not exactly the lease shape.
+    pub(crate) fn parse(key: &str, bytes: &[u8]) -> Result<LeaseDoc> {
+        let corrupt = |detail: String| Error::Corrupt {
+            key: key.to_string(),
+            expected: "lease document".into(),
+            detail,
+        };
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+        let Value::Object(mut map) = value else {
+            return Err(corrupt("not a JSON object".into()));
+        };
+        if map.len() != FIELDS.len() || !FIELDS.iter().all(|f| map.contains_key(*f)) {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            return Err(corrupt(format!(
+                "fields are {keys:?}, expected exactly {FIELDS:?}"
+            )));
+        }
+        let deadline_at = map
+            .get("deadline_at")
+            .and_then(Value::as_str)
+            .and_then(|s| parse_time(s).ok())
+            .ok_or_else(|| corrupt("deadline_at is not an RFC 3339 timestamp".into()))?;
+        let epoch = map
+            .get("epoch")
+            .and_then(Value::as_u64)
+            .filter(|e| *e > 0)
+            .ok_or_else(|| corrupt("epoch is not a positive integer".into()))?;
+        let holder = match map.get("holder") {
+            Some(Value::Null) => None,
+            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            _ => return Err(corrupt("holder is neither null nor a non-empty string".into())),
+        };
+        let state = map.remove("state").unwrap_or(Value::Null);
+        Ok(LeaseDoc {
+            deadline_at,
+            epoch,
+            holder,
+            state,
+        })
+    }
+
+    /// Expiry is inclusive: a lease whose deadline is `now` has expired.
+    pub(crate) fn expired_at(&self, now: DateTime<Utc>) -> bool {
+        now >= self.deadline_at
+    }
+}
+
+fn check_ttl(ttl: Duration) -> Result<chrono::Duration> {
+    if ttl.is_zero() {
+        return Err(Error::InvalidTtl { ttl });
+    }
+    chrono::Duration::from_std(ttl).map_err(|_| Error::InvalidTtl { ttl })
+}
+
+fn check_holder(holder: &str) -> Result<()> {
+    if holder.is_empty() {
+        return Err(Error::InvalidHolder);
+    }
+    Ok(())
+}
+
+/// A handle on one ownership period of a lease: `(key, epoch, holder)`.
+///
+/// Its holder string is a credential and is never printed by `Debug`.
+pub struct Lease {
+    db: Db,
+    key: String,
+    ttl: Duration,
+    doc: LeaseDoc,
+    holder: String,
+    version: Version,
+    released: bool,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("epoch", &self.doc.epoch)
+            .field("deadline_at", &format_time(self.doc.deadline_at))
+            .field("released", &self.released)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lease {
+    /// The lease's key (with the `Db` prefix).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The fencing token of this ownership period.
+    pub fn epoch(&self) -> u64 {
+        self.doc.epoch
+    }
+
+    /// The holder string (a credential: keep it out of logs).
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// The deadline this handle last wrote or saw.
+    pub fn deadline(&self) -> DateTime<Utc> {
+        self.doc.deadline_at
+    }
+
+    /// The ttl that renewals extend the deadline by.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The state this handle last wrote or absorbed.
+    pub fn state(&self) -> &Value {
+        &self.doc.state
+    }
+
+    /// The state converted to `T`.
+    pub fn state_as<T: DeserializeOwned>(&self) -> Result<T> {
+        from_json(&self.key, self.doc.state.clone())
+    }
+
+    /// The stored version this handle's next write is guarded by.
+    pub fn version(&self) -> &Version {
+        &self.version
+    }
+
+    /// Whether the deadline has passed by the `Db`'s clock (inclusive).
+    pub fn is_expired(&self) -> bool {
+        self.doc.expired_at(self.db.clock().now())
+    }
+
+    /// Whether this handle has released the lease.
+    pub fn is_released(&self) -> bool {
+        self.released
+    }
+
+    /// Heartbeat: extends the deadline to now + ttl. Absorbs cooperative writes.
+    pub async fn renew(&mut self) -> Result<()> {
+        self.guarded(true, Some(self.holder.clone()), |s| Ok(s.clone()))
+            .await
+    }
+
+    /// Guarded read-modify-write of the state. `f` sees the freshest state, cooperative writes
+    /// included, and may run more than once.
+    pub async fn update_state<F>(&mut self, mut f: F) -> Result<()>
+    where
+        F: FnMut(&Value) -> Value,
+    {
+        self.guarded(false, Some(self.holder.clone()), |s| Ok(f(s)))
+            .await
+    }
+
+    /// Like [`update_state`](Self::update_state), but `f` can abort with an error, and then
+    /// nothing is written ([`Error::Aborted`]).
+    pub async fn try_update_state<F>(&mut self, f: F) -> Result<()>
+    where
+        F: FnMut(&Value) -> Result<Value, BoxError>,
+    {
+        self.guarded(false, Some(self.holder.clone()), f).await
+    }
+
+    /// Guarded replace of the state. It discards cooperative writes it has not read; holders in a
+    /// cooperative protocol should use [`update_state`](Self::update_state).
+    pub async fn write(&mut self, state: Value) -> Result<()> {
+        self.guarded(false, Some(self.holder.clone()), |_| Ok(state.clone()))
+            .await
+    }
+
+    /// Ends this ownership period: records `state` (or keeps the current one) and sets the
+    /// holder to null. The document stays, so epochs keep increasing. Any later write through
+    /// this handle fails with [`Error::LeaseLost`].
+    pub async fn release(&mut self, state: Option<Value>) -> Result<()> {
+        self.guarded(false, None, |s| Ok(state.clone().unwrap_or_else(|| s.clone())))
+            .await?;
+        self.released = true;
+        Ok(())
+    }
+
+    async fn guarded<F>(&mut self, extend: bool, holder: Option<String>, mut f: F) -> Result<()>
+    where
+        F: FnMut(&Value) -> Result<Value, BoxError>,
+    {
+        if self.released {
+            return Err(self.lost(LostReason::Released));
+        }
+        for _ in 0..self.db.max_attempts() {
+            let state = f(&self.doc.state).map_err(|source| Error::Aborted {
+                key: self.key.clone(),
+                source,
+            })?;
+            let deadline_at = if extend {
+                deadline(&self.db, self.ttl)?
+            } else {
+                self.doc.deadline_at
+            };
+            let next = LeaseDoc {
+                deadline_at,
+                epoch: self.doc.epoch,
+                holder: holder.clone(),
+                state,
+            };
+            let body = encode(&self.key, &next.to_json())?;
+            let mode = PutMode::IfMatch(self.version.clone());
+            match self.db.store().put(&self.key, body, mode).await? {
+                PutOutcome::Written(version) => {
+                    self.doc = next;
+                    self.version = version;
+                    return Ok(());
+                }
+                PutOutcome::Conflict => self.absorb().await?,
+            }
+        }
+        Err(Error::Contention {
+            key: self.key.clone(),
+            attempts: self.db.max_attempts(),
+        })
+    }
+
+    /// After a failed guard: classify, and absorb a cooperative write.
+    async fn absorb(&mut self) -> Result<()> {
+        let Some((bytes, version)) = self.db.store().get(&self.key).await? else {
+            return Err(self.lost(LostReason::Deleted));
+        };
+        let stored = LeaseDoc::parse(&self.key, &bytes)?;
+        if stored.epoch > self.doc.epoch {
+            return Err(self.lost(LostReason::EpochAdvanced {
+                ours: self.doc.epoch,
+                stored: stored.epoch,
+            }));
+        }
+        if stored.epoch < self.doc.epoch {
+            // The document was deleted and created again since this period began.
+            return Err(self.lost(LostReason::Deleted));
+        }
+        if stored.holder.as_deref() != Some(self.holder.as_str()) {
+            return Err(self.lost(LostReason::HolderChanged));
+        }
+        tracing::debug!(key = self.key, epoch = stored.epoch, "absorbed a cooperative write");
+        self.doc = stored;
+        self.version = version;
+        Ok(())
+    }
+
+    fn lost(&self, reason: LostReason) -> Error {
+        tracing::info!(key = self.key, epoch = self.doc.epoch, %reason, "lease lost");
+        Error::LeaseLost {
+            key: self.key.clone(),
+            reason,
+        }
+    }
+}
+
+fn deadline(db: &Db, ttl: Duration) -> Result<DateTime<Utc>> {
+    let ttl = check_ttl(ttl)?;
+    let now = db.clock().now();
+    Ok(truncate_micros(now.checked_add_signed(ttl).ok_or(Error::InvalidTtl {
+        ttl: ttl.to_std().unwrap_or_default(),
+    })?))
+}
+
+impl Db {
+    /// Acquires the lease at `key`: creates it, re-acquires it after a release, or steals it
+    /// once expired (if `opts.steal_if_expired`). Every acquisition bumps the epoch and runs
+    /// `opts.state_fn`. Returns `None` while someone else actively holds it.
+    ///
+    /// Acquiring a lease this holder already holds begins a new period and fences the old one.
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use serde_json::json;
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// let ttl = Duration::from_secs(60);
+    /// let mut lease = db
+    ///     .lease("runs/r1/lease", LeaseOptions::new(cojob::new_holder(), ttl)
+    ///         .state_fn(|_| Ok(json!({"status": "running"}))))
+    ///     .await?
+    ///     .expect("free");
+    /// assert_eq!(lease.epoch(), 1);
+    /// assert!(db.lease("runs/r1/lease", LeaseOptions::new("someone-else", ttl)).await?.is_none());
+    /// lease.renew().await?;
+    /// lease.update_state(|s| json!({"status": s["status"], "progress": 0.5})).await?;
+    /// lease.release(Some(json!({"status": "succeeded"}))).await?;
+    /// let again = db.lease("runs/r1/lease", LeaseOptions::new("someone-else", ttl)).await?.expect("released");
+    /// assert_eq!(again.epoch(), 2);
+    /// assert_eq!(again.state(), &json!({"status": "succeeded"}));
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn lease(&self, key: &str, opts: LeaseOptions) -> Result<Option<Lease>> {
+        let key = self.key(key)?;
+        check_ttl(opts.ttl)?;
+        check_holder(&opts.holder)?;
+        for _ in 0..self.max_attempts() {
+            let now = self.clock().now();
+            let current = match self.store().get(&key).await? {
+                None => None,
+                Some((bytes, version)) => Some((LeaseDoc::parse(&key, &bytes)?, version)),
+            };
+            if let Some((doc, _)) = &current {
+                let held = doc.holder.is_some() && !doc.expired_at(now);
+                let same_holder = doc.holder.as_deref() == Some(opts.holder.as_str());
+                if held && !same_holder {
+                    return Ok(None);
+                }
+                if doc.holder.is_some() && !same_holder && !opts.steal_if_expired {
+                    return Ok(None);
+                }
+            }
+            let previous = current.as_ref().map(|(d, _)| &d.state);
+            let state = match &opts.state_fn {
+                Some(f) => f(previous).map_err(|source| Error::Aborted {
+                    key: key.clone(),
+                    source,
+                })?,
+                None => previous.cloned().unwrap_or(Value::Null),
+            };
+            let doc = LeaseDoc {
+                deadline_at: deadline(self, opts.ttl)?,
+                epoch: current.as_ref().map_or(0, |(d, _)| d.epoch) + 1,
+                holder: Some(opts.holder.clone()),
+                state,
+            };
+            let body = encode(&key, &doc.to_json())?;
+            let mode = match current {
+                None => PutMode::IfAbsent,
+                Some((_, version)) => PutMode::IfMatch(version),
+            };
+            if let PutOutcome::Written(version) = self.store().put(&key, body, mode).await? {
+                tracing::debug!(key, epoch = doc.epoch, "lease acquired");
+                return Ok(Some(Lease {
+                    db: self.clone(),
+                    key,
+                    ttl: opts.ttl,
+                    doc,
+                    holder: opts.holder,
+                    version,
+                    released: false,
+                }));
+            }
+        }
+        Err(Error::Contention {
+            key,
+            attempts: self.max_attempts(),
+        })
+    }
+
+    /// Re-enters an ownership period that is already `holder`'s: one read, no write, no epoch
+    /// bump, no deadline change. Returns `None` when the lease is absent, released, held by
+    /// someone else, or expired (resume an expired lease with [`Db::lease`], which fences).
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// let (me, ttl) = (cojob::new_holder(), Duration::from_secs(30));
+    /// let lease = db.lease("l", LeaseOptions::new(me.clone(), ttl)).await?.unwrap();
+    /// let mut same = db.attach_lease("l", &me, ttl).await?.expect("mine");
+    /// assert_eq!(same.epoch(), lease.epoch());
+    /// same.renew().await?;
+    /// assert!(db.attach_lease("l", "not-me", ttl).await?.is_none());
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn attach_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<Option<Lease>> {
+        let key = self.key(key)?;
+        check_ttl(ttl)?;
+        check_holder(holder)?;
+        let Some((bytes, version)) = self.store().get(&key).await? else {
+            return Ok(None);
+        };
+        let doc = LeaseDoc::parse(&key, &bytes)?;
+        if doc.holder.as_deref() != Some(holder) || doc.expired_at(self.clock().now()) {
+            return Ok(None);
+        }
+        Ok(Some(Lease {
+            db: self.clone(),
+            key,
+            ttl,
+            doc,
+            holder: holder.to_string(),
+            version,
+            released: false,
+        }))
+    }
+
+    /// Changes a lease's `state` from outside the lease, without fencing its holder: epoch,
+    /// holder and deadline are kept. The holder sees the new state on its next guarded write.
+    /// Returns the state written. An absent lease is [`Error::NotFound`].
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use serde_json::json;
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// let mut lease = db.lease("l", LeaseOptions::new("w1", Duration::from_secs(30))).await?.unwrap();
+    /// db.cooperative_write("l", |s| {
+    ///     let mut s = s.as_object().cloned().unwrap_or_default();
+    ///     s.insert("cancel_requested".into(), json!(true));
+    ///     serde_json::Value::Object(s)
+    /// }).await?;
+    /// lease.renew().await?; // absorbs the cooperative write
+    /// assert_eq!(lease.state()["cancel_requested"], json!(true));
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn cooperative_write<F>(&self, key: &str, mut f: F) -> Result<Value>
+    where
+        F: FnMut(&Value) -> Value,
+    {
+        let key = self.key(key)?;
+        for _ in 0..self.max_attempts() {
+            let Some((bytes, version)) = self.store().get(&key).await? else {
+                return Err(Error::NotFound { key });
+            };
+            let mut doc = LeaseDoc::parse(&key, &bytes)?;
+            doc.state = f(&doc.state);
+            let body = encode(&key, &doc.to_json())?;
+            if let PutOutcome::Written(_) =
+                self.store().put(&key, body, PutMode::IfMatch(version)).await?
+            {
+                return Ok(doc.state);
+            }
+        }
+        Err(Error::Contention {
+            key,
+            attempts: self.max_attempts(),
+        })
+    }
+}
+
+/// Merges `patch` into an object state (a convenience for cooperative writes and
+/// `update_state`): non-object states are replaced by an object.
+///
+/// ```
+/// use serde_json::json;
+/// let s = cojob::lease::merge(&json!({"a": 1}), json!({"b": 2}));
+/// assert_eq!(s, json!({"a": 1, "b": 2}));
+/// ```
+pub fn merge(state: &Value, patch: Value) -> Value {
+    let mut out: Map<String, Value> = state.as_object().cloned().unwrap_or_default();
+    if let Value::Object(p) = patch {
+        out.extend(p);
+    }
+    Value::Object(out)
+}

@@ -1,0 +1,445 @@
+//! Layer 0: conditional object I/O.
+//!
+//! A [`Store`] reads and writes whole objects by key, with three write modes: unconditional
+//! ([`PutMode::Overwrite`]), put-if-absent ([`PutMode::IfAbsent`]) and compare-and-swap on a
+//! [`Version`] ([`PutMode::IfMatch`]). A lost race is an ordinary outcome,
+//! [`PutOutcome::Conflict`], not an error.
+//!
+//! Stores are opened from a URL ([`Store::open`]):
+//!
+//! | URL | backend |
+//! |---|---|
+//! | `memory://` | in-process memory (`object_store::memory::InMemory`) |
+//! | `file:///dir` | our own local-directory backend ([`DirBackend`]) with `link` and `flock` |
+//! | `s3://bucket/prefix` | Amazon S3 or a compatible server; honours the `AWS_*` environment variables, among them `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP=true` for a local server |
+//! | `gs://bucket/prefix` | Google Cloud Storage; `GOOGLE_*` variables |
+//! | `az://container/prefix` | Azure Blob Storage; `AZURE_*` variables (`AZURE_STORAGE_USE_EMULATOR=true` for Azurite) |
+//!
+//! Further backends implement the [`Backend`] trait and are wrapped with [`Store::new`].
+//!
+//! # Ambiguous outcomes
+//!
+//! A conditional put can fail in a way that does not prove it lost: the client retried after a
+//! timeout or a 5xx and the first attempt had already landed, so the retry sees 412; or S3
+//! answered 409 `ConditionalRequestConflict`, which `object_store` reports as `AlreadyExists`.
+//! cojob resolves every such outcome by **re-reading**:
+//!
+//! 1. Every write carries a fresh 128-bit *write token* from a CSPRNG, stored beside the object
+//!    (as user metadata `cojob-write` on the cloud stores, in the file header of [`DirBackend`]).
+//! 2. When a conditional put reports a conflict, or fails with an error, the store reads the key
+//!    once. If the stored object carries this write's token, the write landed and the put
+//!    returns [`PutOutcome::Written`] with the stored version. Otherwise a conflict stays a
+//!    [`PutOutcome::Conflict`] and an error stays that error.
+//!
+//! Bytes alone cannot decide this (two writers may write identical bytes, and some servers use
+//! the body's MD5 as the ETag), which is why the token exists.
+//!
+//! # Example
+//!
+//! ```
+//! # tokio_test::block_on(async {
+//! use cojob::store::{PutMode, PutOutcome, Store};
+//! let store = Store::open("memory://").await?;
+//! let first = store.put("a/b", "v1".into(), PutMode::IfAbsent).await?;
+//! let PutOutcome::Written(v1) = first else { panic!("fresh key") };
+//! assert_eq!(store.put("a/b", "again".into(), PutMode::IfAbsent).await?, PutOutcome::Conflict);
+//! assert!(matches!(store.put("a/b", "v2".into(), PutMode::IfMatch(v1.clone())).await?, PutOutcome::Written(_)));
+//! assert_eq!(store.put("a/b", "v3".into(), PutMode::IfMatch(v1)).await?, PutOutcome::Conflict);
+//! let (body, _version) = store.get("a/b").await?.expect("present");
+//! assert_eq!(&body[..], b"v2");
+//! assert_eq!(store.list("a").await?, vec!["a/b".to_string()]);
+//! # Ok::<(), cojob::StoreError>(()) });
+//! ```
+
+mod dir;
+mod remote;
+mod stats;
+
+pub use dir::DirBackend;
+pub use remote::ObjectStoreBackend;
+pub use stats::{Outcome, StoreStats};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{Op, StoreError};
+use crate::token;
+
+/// The version of a stored object: the ETag and, where the store has one, its version or
+/// generation (GCS compares generations).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Version {
+    /// The entity tag, quotes included as the server sent it.
+    pub etag: Option<String>,
+    /// The version id or generation, where the store keeps one.
+    pub generation: Option<String>,
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.etag, &self.generation) {
+            (Some(e), Some(g)) => write!(f, "{e}#{g}"),
+            (Some(e), None) => f.write_str(e),
+            (None, Some(g)) => write!(f, "#{g}"),
+            (None, None) => f.write_str("-"),
+        }
+    }
+}
+
+/// How a put is conditioned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutMode {
+    /// Write unconditionally.
+    Overwrite,
+    /// Write only if no object exists at the key (`If-None-Match: *`).
+    IfAbsent,
+    /// Write only if the stored object still has this version (`If-Match`).
+    IfMatch(Version),
+}
+
+impl PutMode {
+    fn op(&self) -> Op {
+        match self {
+            PutMode::Overwrite => Op::PutOverwrite,
+            PutMode::IfAbsent => Op::PutIfAbsent,
+            PutMode::IfMatch(_) => Op::PutIfMatch,
+        }
+    }
+}
+
+/// What a put did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The object was written; this is its new version.
+    Written(Version),
+    /// The condition did not hold (the key exists, or its version moved, or it is gone).
+    Conflict,
+}
+
+/// One object as read by a [`Backend`].
+#[derive(Debug, Clone)]
+pub struct StoredObject {
+    /// The object's bytes.
+    pub body: Bytes,
+    /// Its version.
+    pub version: Version,
+    /// The write token it was written with, if it was written by cojob.
+    pub token: Option<String>,
+}
+
+/// One storage backend: the trait every store implements (memory, object stores, a local
+/// directory, or your own). Keys have been validated and prefixed by [`Store`] already.
+///
+/// A backend must apply [`PutMode::IfAbsent`] and [`PutMode::IfMatch`] atomically, report a
+/// failed condition as [`PutOutcome::Conflict`] (never as an error), and give every write a new
+/// version even when the bytes are unchanged, or at least keep the `token` it is given so that
+/// [`Store`] can recognise its own writes.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Reads the object at `key`, or `None` if absent.
+    async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError>;
+    /// Writes `body` at `key` under `mode`, recording the write `token`.
+    async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        mode: &PutMode,
+        token: &str,
+    ) -> Result<PutOutcome, StoreError>;
+    /// Deletes `key`; deleting an absent key succeeds.
+    async fn delete(&self, key: &str) -> Result<(), StoreError>;
+    /// Lists every key under the folder `prefix` (all keys when empty), in any order.
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+}
+
+/// A handle on a bucket (or directory) plus an optional key prefix, with request counters.
+/// Cloning is cheap and clones share the counters.
+#[derive(Clone)]
+pub struct Store {
+    backend: Arc<dyn Backend>,
+    prefix: String,
+    description: Arc<str>,
+    stats: Arc<stats::Counters>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("store", &self.description)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl Store {
+    /// Opens a store from a URL (see the [module docs](self) for the schemes). The URL's path
+    /// becomes the key prefix. Credentials and endpoints come from the environment.
+    pub async fn open(url: &str) -> Result<Store, StoreError> {
+        let parsed = url::Url::parse(url).map_err(|e| StoreError::InvalidUrl {
+            url: url.to_string(),
+            reason: e.to_string(),
+        })?;
+        if parsed.scheme() == "file" {
+            let path = parsed.to_file_path().map_err(|()| StoreError::InvalidUrl {
+                url: url.to_string(),
+                reason: "a file URL needs an absolute local path, like file:///var/lib/cojob"
+                    .into(),
+            })?;
+            let backend = DirBackend::open(&path).await?;
+            return Ok(Self::new(backend, "").described(url));
+        }
+        let (backend, prefix) = ObjectStoreBackend::from_url(&parsed)?;
+        Ok(Self::new(backend, &prefix).described(&redact(&parsed)))
+    }
+
+    /// Wraps a backend, with keys placed under `prefix` (a folder; may be empty).
+    pub fn new(backend: impl Backend, prefix: &str) -> Store {
+        let description: Arc<str> = format!("{backend:?}").into();
+        Store {
+            backend: Arc::new(backend),
+            prefix: prefix.trim_matches('/').to_string(),
+            description,
+            stats: Arc::default(),
+        }
+    }
+
+    fn described(mut self, what: &str) -> Store {
+        self.description = what.into();
+        self
+    }
+
+    /// A human-readable description of the store (its URL, without credentials).
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The key prefix this store adds.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// A snapshot of the request counters.
+    pub fn stats(&self) -> StoreStats {
+        self.stats.snapshot()
+    }
+
+    fn full_key(&self, key: &str) -> Result<String, StoreError> {
+        validate_key(key)?;
+        Ok(if self.prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}/{key}", self.prefix)
+        })
+    }
+
+    /// Reads `key`: its bytes and version, or `None` if absent.
+    pub async fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>, StoreError> {
+        Ok(self
+            .get_object(key)
+            .await?
+            .map(|o| (o.body, o.version)))
+    }
+
+    /// Reads `key` with its write token.
+    pub async fn get_object(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        let full = self.full_key(key)?;
+        self.raw_get(&full).await
+    }
+
+    async fn raw_get(&self, full: &str) -> Result<Option<StoredObject>, StoreError> {
+        let result = self.backend.get(full).await;
+        self.stats.record(
+            Op::Get,
+            match &result {
+                Ok(Some(_)) => Outcome::Ok,
+                Ok(None) => Outcome::NotFound,
+                Err(_) => Outcome::Error,
+            },
+        );
+        result
+    }
+
+    /// Writes `body` at `key` under `mode`. A failed condition is [`PutOutcome::Conflict`].
+    /// Ambiguous failures of conditional puts are resolved by re-reading (see the
+    /// [module docs](self)).
+    pub async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        mode: PutMode,
+    ) -> Result<PutOutcome, StoreError> {
+        let full = self.full_key(key)?;
+        let write_token = token::write_token();
+        let op = mode.op();
+        let result = self.backend.put(&full, body, &mode, &write_token).await;
+        self.stats.record(
+            op,
+            match &result {
+                Ok(PutOutcome::Written(_)) => Outcome::Ok,
+                Ok(PutOutcome::Conflict) => Outcome::Conflict,
+                Err(_) => Outcome::Error,
+            },
+        );
+        match (result, &mode) {
+            (Ok(PutOutcome::Written(v)), _) => Ok(PutOutcome::Written(v)),
+            (Ok(PutOutcome::Conflict), _) => match self.landed(&full, &write_token).await {
+                Ok(Some(v)) => Ok(PutOutcome::Written(v)),
+                Ok(None) => Ok(PutOutcome::Conflict),
+                Err(e) => Err(e),
+            },
+            (Err(e), PutMode::Overwrite) => Err(e),
+            (Err(e), _) => match self.landed(&full, &write_token).await {
+                Ok(Some(v)) => Ok(PutOutcome::Written(v)),
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Re-reads `full` and returns its version if it carries `write_token`.
+    async fn landed(&self, full: &str, write_token: &str) -> Result<Option<Version>, StoreError> {
+        let current = self.raw_get(full).await?;
+        Ok(current.and_then(|o| {
+            let ours = o.token.as_deref() == Some(write_token);
+            if ours {
+                tracing::debug!(key = full, "conditional put reported failure but had landed");
+            }
+            ours.then_some(o.version)
+        }))
+    }
+
+    /// Deletes `key`. Deleting an absent key succeeds.
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let full = self.full_key(key)?;
+        let result = self.backend.delete(&full).await;
+        self.stats.record(
+            Op::Delete,
+            if result.is_ok() {
+                Outcome::Ok
+            } else {
+                Outcome::Error
+            },
+        );
+        result
+    }
+
+    /// Lists the keys under the folder `prefix` (every key when `prefix` is empty), sorted,
+    /// relative to this store's own prefix.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let prefix = prefix.trim_end_matches('/');
+        let full = if prefix.is_empty() {
+            self.prefix.clone()
+        } else {
+            self.full_key(prefix)?
+        };
+        let result = self.backend.list(&full).await;
+        self.stats.record(
+            Op::List,
+            if result.is_ok() {
+                Outcome::Ok
+            } else {
+                Outcome::Error
+            },
+        );
+        let strip = if self.prefix.is_empty() {
+            0
+        } else {
+            self.prefix.len() + 1
+        };
+        let mut keys: Vec<String> = result?
+            .into_iter()
+            .filter(|k| k.len() > strip)
+            .map(|k| k[strip..].to_string())
+            .collect();
+        keys.sort_unstable();
+        Ok(keys)
+    }
+
+    /// Checks that the store honours conditional writes: two racing put-if-absent calls on a
+    /// scratch key must give exactly one winner, and a compare-and-swap on a stale version must
+    /// fail. The scratch key is deleted afterwards. Run it at start-up and fail closed.
+    pub async fn verify_conditional_writes(&self) -> Result<(), StoreError> {
+        let key = format!("cojob-probe/{}", token::write_token());
+        let result = self.probe(&key).await;
+        let cleanup = self.delete(&key).await;
+        result.and(cleanup)
+    }
+
+    async fn probe(&self, key: &str) -> Result<(), StoreError> {
+        let fail = |detail: String| StoreError::NoConditionalWrites {
+            store: self.description.to_string(),
+            detail,
+        };
+        let (a, b) = tokio::join!(
+            self.put(key, Bytes::from_static(b"{\"probe\":\"a\"}"), PutMode::IfAbsent),
+            self.put(key, Bytes::from_static(b"{\"probe\":\"b\"}"), PutMode::IfAbsent),
+        );
+        let winners: Vec<Version> = [a?, b?]
+            .into_iter()
+            .filter_map(|o| match o {
+                PutOutcome::Written(v) => Some(v),
+                PutOutcome::Conflict => None,
+            })
+            .collect();
+        if winners.len() != 1 {
+            return Err(fail(format!(
+                "{} of 2 racing put-if-absent calls succeeded, expected exactly 1",
+                winners.len()
+            )));
+        }
+        let first = winners[0].clone();
+        let PutOutcome::Written(_) = self
+            .put(key, Bytes::from_static(b"{\"probe\":\"c\"}"), PutMode::IfMatch(first.clone()))
+            .await?
+        else {
+            return Err(fail("compare-and-swap on the current version failed".into()));
+        };
+        match self
+            .put(key, Bytes::from_static(b"{\"probe\":\"d\"}"), PutMode::IfMatch(first))
+            .await?
+        {
+            PutOutcome::Conflict => Ok(()),
+            PutOutcome::Written(_) => Err(fail(
+                "compare-and-swap on a stale version succeeded".into(),
+            )),
+        }
+    }
+}
+
+/// Checks that a key is a relative, `/`-separated object name with no empty, `.` or `..`
+/// segments and no control characters.
+pub fn validate_key(key: &str) -> Result<(), StoreError> {
+    let bad = |reason| StoreError::InvalidKey {
+        key: key.to_string(),
+        reason,
+    };
+    if key.is_empty() {
+        return Err(bad("a key may not be empty"));
+    }
+    if key.len() > 1024 {
+        return Err(bad("a key may not be longer than 1024 bytes"));
+    }
+    if key.chars().any(|c| c.is_control() || c == '\\') {
+        return Err(bad("a key may not hold control characters or backslashes"));
+    }
+    for segment in key.split('/') {
+        match segment {
+            "" => return Err(bad("a key may not have empty segments or leading, trailing or doubled '/'")),
+            "." | ".." => return Err(bad("a key may not have '.' or '..' segments")),
+            s if s.starts_with(".cojob") => {
+                return Err(bad("segments starting with '.cojob' are reserved"));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn redact(url: &url::Url) -> String {
+    let mut u = url.clone();
+    let _ = u.set_password(None);
+    let _ = u.set_username("");
+    u.set_query(None);
+    u.to_string()
+}
