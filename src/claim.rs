@@ -55,15 +55,15 @@ impl Db {
                         etag,
                     });
                 }
-                PutOutcome::Conflict => {
-                    if let Some((bytes, etag)) = self.store().get(&key).await? {
-                        let stored = parse_json(&key, &bytes)?;
-                        return Ok(Claim {
-                            won: false,
-                            value: from_json(&key, stored)?,
-                            etag,
-                        });
-                    }
+                PutOutcome::Conflict(Some(winner)) => {
+                    let stored = parse_json(&key, &winner.body)?;
+                    return Ok(Claim {
+                        won: false,
+                        value: from_json(&key, stored)?,
+                        etag: winner.version,
+                    });
+                }
+                PutOutcome::Conflict(None) => {
                     tracing::debug!(key, "claimed object vanished before read-back; retrying");
                 }
             }

@@ -24,7 +24,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 /// # tokio_test::block_on(async {
 /// use cojob::Db;
 /// let db = Db::open("memory://").await?.with_prefix("tenant-a")?;
-/// assert!(db.claim("jobs/x", &"first").await?.won);
+/// assert!(db.claim("jobs/x", &"first".to_string()).await?.won);
 /// assert_eq!(db.store().list("").await?, vec!["tenant-a/jobs/x".to_string()]);
 /// # Ok::<(), cojob::Error>(()) });
 /// ```

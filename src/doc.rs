@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::fmt;
 use std::marker::PhantomData;
 
-use crate::db::{Db, encode, from_json, to_json};
+use crate::db::{Db, encode, from_json, parse_json, to_json};
 use crate::error::{BoxError, Error, Result};
 use crate::store::{PutMode, PutOutcome, Version};
 
@@ -112,22 +112,26 @@ impl<T: Serialize + DeserializeOwned> Doc<T> {
     {
         let key = self.db.key(&self.key)?;
         let create: Option<Value> = create.map(|c| to_json(&key, &c)).transpose()?;
+        let mut current = self.db.store().get_object(&key).await?;
         for _ in 0..self.max_attempts {
-            let (current, mode) = match self.db.read_json(&key).await? {
-                Some((json, version)) => (json, PutMode::IfMatch(version)),
+            let (value, mode) = match current {
+                Some(object) => (
+                    parse_json(&key, &object.body)?,
+                    PutMode::IfMatch(object.version),
+                ),
                 None => match &create {
                     Some(c) => (c.clone(), PutMode::IfAbsent),
                     None => return Err(Error::NotFound { key }),
                 },
             };
-            let next = f(from_json(&key, current)?).map_err(|e| Error::Aborted {
+            let next = f(from_json(&key, value)?).map_err(|e| Error::Aborted {
                 key: key.clone(),
                 source: e.into(),
             })?;
-            let json = to_json(&key, &next)?;
-            let body = encode(&key, &json)?;
-            if let PutOutcome::Written(version) = self.db.store().put(&key, body, mode).await? {
-                return Ok((next, version));
+            let body = encode(&key, &to_json(&key, &next)?)?;
+            match self.db.store().put(&key, body, mode).await? {
+                PutOutcome::Written(version) => return Ok((next, version)),
+                PutOutcome::Conflict(now_stored) => current = now_stored,
             }
         }
         Err(Error::Contention {
@@ -142,7 +146,7 @@ impl<T: Serialize + DeserializeOwned> Doc<T> {
         let body = encode(&key, &to_json(&key, value)?)?;
         match self.db.store().put(&key, body, PutMode::Overwrite).await? {
             PutOutcome::Written(v) => Ok(v),
-            PutOutcome::Conflict => Err(Error::Contention { key, attempts: 1 }),
+            PutOutcome::Conflict(_) => Err(Error::Contention { key, attempts: 1 }),
         }
     }
 

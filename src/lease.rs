@@ -17,7 +17,7 @@ use std::time::Duration;
 use crate::db::{Db, encode, from_json};
 use crate::error::{BoxError, Error, LostReason, Result};
 use crate::json::{format_time, parse_time, truncate_micros};
-use crate::store::{PutMode, PutOutcome, Version};
+use crate::store::{PutMode, PutOutcome, StoredObject, Version};
 
 /// A state transition run atomically with an acquisition: it receives the current state (`None`
 /// for a fresh lease) and returns the new one, or an error to abort (nothing is written). It must
@@ -315,7 +315,7 @@ impl Lease {
                     self.version = version;
                     return Ok(());
                 }
-                PutOutcome::Conflict => self.absorb().await?,
+                PutOutcome::Conflict(current) => self.absorb(current)?,
             }
         }
         Err(Error::Contention {
@@ -324,12 +324,12 @@ impl Lease {
         })
     }
 
-    /// After a failed guard: classify, and absorb a cooperative write.
-    async fn absorb(&mut self) -> Result<()> {
-        let Some((bytes, version)) = self.db.store().get(&self.key).await? else {
+    /// After a failed guard: classify what is stored now, and absorb a cooperative write.
+    fn absorb(&mut self, current: Option<StoredObject>) -> Result<()> {
+        let Some(current) = current else {
             return Err(self.lost(LostReason::Deleted));
         };
-        let stored = LeaseDoc::parse(&self.key, &bytes)?;
+        let stored = LeaseDoc::parse(&self.key, &current.body)?;
         if stored.epoch > self.doc.epoch {
             return Err(self.lost(LostReason::EpochAdvanced {
                 ours: self.doc.epoch,
@@ -345,7 +345,7 @@ impl Lease {
         }
         tracing::debug!(key = self.key, epoch = stored.epoch, "absorbed a cooperative write");
         self.doc = stored;
-        self.version = version;
+        self.version = current.version;
         Ok(())
     }
 
@@ -399,12 +399,9 @@ impl Db {
         let key = self.key(key)?;
         check_ttl(opts.ttl)?;
         check_holder(&opts.holder)?;
+        let mut current = parse_lease(&key, self.store().get_object(&key).await?)?;
         for _ in 0..self.max_attempts() {
             let now = self.clock().now();
-            let current = match self.store().get(&key).await? {
-                None => None,
-                Some((bytes, version)) => Some((LeaseDoc::parse(&key, &bytes)?, version)),
-            };
             if let Some((doc, _)) = &current {
                 let held = doc.holder.is_some() && !doc.expired_at(now);
                 let same_holder = doc.holder.as_deref() == Some(opts.holder.as_str());
@@ -434,17 +431,20 @@ impl Db {
                 None => PutMode::IfAbsent,
                 Some((_, version)) => PutMode::IfMatch(version),
             };
-            if let PutOutcome::Written(version) = self.store().put(&key, body, mode).await? {
-                tracing::debug!(key, epoch = doc.epoch, "lease acquired");
-                return Ok(Some(Lease {
-                    db: self.clone(),
-                    key,
-                    ttl: opts.ttl,
-                    doc,
-                    holder: opts.holder,
-                    version,
-                    released: false,
-                }));
+            match self.store().put(&key, body, mode).await? {
+                PutOutcome::Written(version) => {
+                    tracing::debug!(key, epoch = doc.epoch, "lease acquired");
+                    return Ok(Some(Lease {
+                        db: self.clone(),
+                        key,
+                        ttl: opts.ttl,
+                        doc,
+                        holder: opts.holder,
+                        version,
+                        released: false,
+                    }));
+                }
+                PutOutcome::Conflict(now_stored) => current = parse_lease(&key, now_stored)?,
             }
         }
         Err(Error::Contention {
@@ -474,10 +474,9 @@ impl Db {
         let key = self.key(key)?;
         check_ttl(ttl)?;
         check_holder(holder)?;
-        let Some((bytes, version)) = self.store().get(&key).await? else {
+        let Some((doc, version)) = parse_lease(&key, self.store().get_object(&key).await?)? else {
             return Ok(None);
         };
-        let doc = LeaseDoc::parse(&key, &bytes)?;
         if doc.holder.as_deref() != Some(holder) || doc.expired_at(self.clock().now()) {
             return Ok(None);
         }
@@ -517,17 +516,16 @@ impl Db {
         F: FnMut(&Value) -> Value,
     {
         let key = self.key(key)?;
+        let mut current = parse_lease(&key, self.store().get_object(&key).await?)?;
         for _ in 0..self.max_attempts() {
-            let Some((bytes, version)) = self.store().get(&key).await? else {
+            let Some((mut doc, version)) = current else {
                 return Err(Error::NotFound { key });
             };
-            let mut doc = LeaseDoc::parse(&key, &bytes)?;
             doc.state = f(&doc.state);
             let body = encode(&key, &doc.to_json())?;
-            if let PutOutcome::Written(_) =
-                self.store().put(&key, body, PutMode::IfMatch(version)).await?
-            {
-                return Ok(doc.state);
+            match self.store().put(&key, body, PutMode::IfMatch(version)).await? {
+                PutOutcome::Written(_) => return Ok(doc.state),
+                PutOutcome::Conflict(now_stored) => current = parse_lease(&key, now_stored)?,
             }
         }
         Err(Error::Contention {
@@ -535,6 +533,13 @@ impl Db {
             attempts: self.max_attempts(),
         })
     }
+}
+
+/// Parses a stored object as a lease document with its version.
+fn parse_lease(key: &str, object: Option<StoredObject>) -> Result<Option<(LeaseDoc, Version)>> {
+    object
+        .map(|o| Ok((LeaseDoc::parse(key, &o.body)?, o.version)))
+        .transpose()
 }
 
 /// Merges `patch` into an object state (a convenience for cooperative writes and

@@ -204,7 +204,7 @@ fn put_sync(file: &Path, body: &[u8], mode: &PutMode, token: &str) -> io::Result
                     sync_dir(file)?;
                     Ok(written(token))
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(PutOutcome::Conflict),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(PutOutcome::Conflict(None)),
                 Err(e) => Err(e),
             }
         }
@@ -216,7 +216,7 @@ fn put_sync(file: &Path, body: &[u8], mode: &PutMode, token: &str) -> io::Result
             if let PutMode::IfMatch(expected) = mode {
                 let current = read(file)?.map(|o| o.version.etag);
                 if current.is_none() || current != Some(expected.etag.clone()) {
-                    return Ok(PutOutcome::Conflict);
+                    return Ok(PutOutcome::Conflict(None));
                 }
             }
             let tmp = write_temp(file, body, token)?;

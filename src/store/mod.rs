@@ -29,7 +29,11 @@
 //! 2. When a conditional put reports a conflict, or fails with an error, the store reads the key
 //!    once. If the stored object carries this write's token, the write landed and the put
 //!    returns [`PutOutcome::Written`] with the stored version. Otherwise a conflict stays a
-//!    [`PutOutcome::Conflict`] and an error stays that error.
+//!    [`PutOutcome::Conflict`], carrying the object just read, and an error stays that error.
+//!
+//! The re-read is the read every caller needs after a lost race anyway (a claim's read-back, a
+//! lease's classification, a doc's next round), so resolving ambiguity costs no extra request:
+//! a lost claim is one PUT and one GET.
 //!
 //! Bytes alone cannot decide this (two writers may write identical bytes, and some servers use
 //! the body's MD5 as the ETag), which is why the token exists.
@@ -42,9 +46,13 @@
 //! let store = Store::open("memory://").await?;
 //! let first = store.put("a/b", "v1".into(), PutMode::IfAbsent).await?;
 //! let PutOutcome::Written(v1) = first else { panic!("fresh key") };
-//! assert_eq!(store.put("a/b", "again".into(), PutMode::IfAbsent).await?, PutOutcome::Conflict);
-//! assert!(matches!(store.put("a/b", "v2".into(), PutMode::IfMatch(v1.clone())).await?, PutOutcome::Written(_)));
-//! assert_eq!(store.put("a/b", "v3".into(), PutMode::IfMatch(v1)).await?, PutOutcome::Conflict);
+//! // A lost race returns the object that won.
+//! let PutOutcome::Conflict(Some(winner)) = store.put("a/b", "again".into(), PutMode::IfAbsent).await? else {
+//!     panic!("the key exists")
+//! };
+//! assert_eq!(&winner.body[..], b"v1");
+//! assert!(store.put("a/b", "v2".into(), PutMode::IfMatch(v1.clone())).await?.is_written());
+//! assert!(!store.put("a/b", "v3".into(), PutMode::IfMatch(v1)).await?.is_written());
 //! let (body, _version) = store.get("a/b").await?.expect("present");
 //! assert_eq!(&body[..], b"v2");
 //! assert_eq!(store.list("a").await?, vec!["a/b".to_string()]);
@@ -115,11 +123,22 @@ pub enum PutOutcome {
     /// The object was written; this is its new version.
     Written(Version),
     /// The condition did not hold (the key exists, or its version moved, or it is gone).
-    Conflict,
+    ///
+    /// [`Store::put`] re-reads the key after every lost race and returns what it found: the
+    /// object that won, or `None` if the key is now absent. A [`Backend`] returns
+    /// `Conflict(None)` and leaves the re-read to the store.
+    Conflict(Option<StoredObject>),
+}
+
+impl PutOutcome {
+    /// True for [`PutOutcome::Written`].
+    pub fn is_written(&self) -> bool {
+        matches!(self, PutOutcome::Written(_))
+    }
 }
 
 /// One object as read by a [`Backend`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredObject {
     /// The object's bytes.
     pub body: Bytes,
@@ -133,7 +152,7 @@ pub struct StoredObject {
 /// directory, or your own). Keys have been validated and prefixed by [`Store`] already.
 ///
 /// A backend must apply [`PutMode::IfAbsent`] and [`PutMode::IfMatch`] atomically, report a
-/// failed condition as [`PutOutcome::Conflict`] (never as an error), and give every write a new
+/// failed condition as `PutOutcome::Conflict(None)` (never as an error), and give every write a new
 /// version even when the bytes are unchanged, or at least keep the `token` it is given so that
 /// [`Store`] can recognise its own writes.
 #[async_trait]
@@ -152,6 +171,28 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
     /// Lists every key under the folder `prefix` (all keys when empty), in any order.
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+}
+
+#[async_trait]
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        (**self).get(key).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        mode: &PutMode,
+        token: &str,
+    ) -> Result<PutOutcome, StoreError> {
+        (**self).put(key, body, mode, token).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        (**self).delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        (**self).list(prefix).await
+    }
 }
 
 /// A handle on a bucket (or directory) plus an optional key prefix, with request counters.
@@ -261,9 +302,9 @@ impl Store {
         result
     }
 
-    /// Writes `body` at `key` under `mode`. A failed condition is [`PutOutcome::Conflict`].
-    /// Ambiguous failures of conditional puts are resolved by re-reading (see the
-    /// [module docs](self)).
+    /// Writes `body` at `key` under `mode`. A failed condition is [`PutOutcome::Conflict`],
+    /// which carries the object that won (one re-read). Ambiguous failures of conditional puts
+    /// are resolved by that same re-read (see the [module docs](self)).
     pub async fn put(
         &self,
         key: &str,
@@ -278,35 +319,29 @@ impl Store {
             op,
             match &result {
                 Ok(PutOutcome::Written(_)) => Outcome::Ok,
-                Ok(PutOutcome::Conflict) => Outcome::Conflict,
+                Ok(PutOutcome::Conflict(_)) => Outcome::Conflict,
                 Err(_) => Outcome::Error,
             },
         );
+        let ours = |o: &StoredObject| o.token.as_deref() == Some(write_token.as_str());
         match (result, &mode) {
             (Ok(PutOutcome::Written(v)), _) => Ok(PutOutcome::Written(v)),
-            (Ok(PutOutcome::Conflict), _) => match self.landed(&full, &write_token).await {
-                Ok(Some(v)) => Ok(PutOutcome::Written(v)),
-                Ok(None) => Ok(PutOutcome::Conflict),
-                Err(e) => Err(e),
+            (Ok(PutOutcome::Conflict(_)), _) => match self.raw_get(&full).await? {
+                Some(o) if ours(&o) => {
+                    tracing::debug!(key = full, "a put reported a conflict but had landed");
+                    Ok(PutOutcome::Written(o.version))
+                }
+                current => Ok(PutOutcome::Conflict(current)),
             },
             (Err(e), PutMode::Overwrite) => Err(e),
-            (Err(e), _) => match self.landed(&full, &write_token).await {
-                Ok(Some(v)) => Ok(PutOutcome::Written(v)),
+            (Err(e), _) => match self.raw_get(&full).await {
+                Ok(Some(o)) if ours(&o) => {
+                    tracing::debug!(key = full, error = %e, "a put reported an error but had landed");
+                    Ok(PutOutcome::Written(o.version))
+                }
                 _ => Err(e),
             },
         }
-    }
-
-    /// Re-reads `full` and returns its version if it carries `write_token`.
-    async fn landed(&self, full: &str, write_token: &str) -> Result<Option<Version>, StoreError> {
-        let current = self.raw_get(full).await?;
-        Ok(current.and_then(|o| {
-            let ours = o.token.as_deref() == Some(write_token);
-            if ours {
-                tracing::debug!(key = full, "conditional put reported failure but had landed");
-            }
-            ours.then_some(o.version)
-        }))
     }
 
     /// Deletes `key`. Deleting an absent key succeeds.
@@ -379,7 +414,7 @@ impl Store {
             .into_iter()
             .filter_map(|o| match o {
                 PutOutcome::Written(v) => Some(v),
-                PutOutcome::Conflict => None,
+                PutOutcome::Conflict(_) => None,
             })
             .collect();
         if winners.len() != 1 {
@@ -399,7 +434,7 @@ impl Store {
             .put(key, Bytes::from_static(b"{\"probe\":\"d\"}"), PutMode::IfMatch(first))
             .await?
         {
-            PutOutcome::Conflict => Ok(()),
+            PutOutcome::Conflict(_) => Ok(()),
             PutOutcome::Written(_) => Err(fail(
                 "compare-and-swap on a stale version succeeded".into(),
             )),

@@ -193,9 +193,9 @@ impl Backend for ObjectStoreBackend {
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. }
                 | object_store::Error::NotModified { .. },
-            ) => Ok(PutOutcome::Conflict),
+            ) => Ok(PutOutcome::Conflict(None)),
             Err(object_store::Error::NotFound { .. }) if op == Op::PutIfMatch => {
-                Ok(PutOutcome::Conflict)
+                Ok(PutOutcome::Conflict(None))
             }
             Err(e) => Err(classify(op, key, e)),
         }
