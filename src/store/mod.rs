@@ -25,7 +25,7 @@
 //! cojob resolves every such outcome by **re-reading**:
 //!
 //! 1. Every write carries a fresh 128-bit *write token* from a CSPRNG, stored beside the object
-//!    (as user metadata `cojob-write` on the cloud stores, in the file header of [`DirBackend`]).
+//!    (as user metadata `cojobwrite` on the cloud stores, a name valid on S3, GCS and Azure alike, in the file header of [`DirBackend`]).
 //! 2. When a conditional put reports a conflict, or fails with an error, the store reads the key
 //!    once. If the stored object carries this write's token, the write landed and the put
 //!    returns [`PutOutcome::Written`] with the stored version. Otherwise a conflict stays a

@@ -14,7 +14,7 @@ use super::{Backend, PutMode, PutOutcome, StoredObject, Version};
 use crate::error::{Op, StoreError};
 
 /// The user-metadata key that carries a write's token.
-pub(crate) const TOKEN_METADATA: &str = "cojob-write";
+pub(crate) const TOKEN_METADATA: &str = "cojobwrite";
 
 /// A [`Backend`] over any [`ObjectStore`] that supports `PutMode::Create` and
 /// `PutMode::Update` (S3, GCS, Azure, memory). Not `LocalFileSystem`, which has no
