@@ -64,7 +64,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // ---- requests per primitive
     println!("| operation | store requests | minimum |\n|---|---|---|");
-    let row = |name: &str, s: StoreStats, min: &str| println!("| {name} | {} | {min} |", counts(&s));
+    let row =
+        |name: &str, s: StoreStats, min: &str| println!("| {name} | {} | {min} |", counts(&s));
     let b = store.stats();
     db.claim("count/claim", &1).await?;
     row("claim won", store.stats().since(&b), "1 PUT");
@@ -87,10 +88,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     doc.update(|n| n, Some(0)).await?;
     let b = store.stats();
     doc.update(|n| n + 1, None).await?;
-    row("uncontended doc.update", store.stats().since(&b), "1 GET + 1 PUT");
+    row(
+        "uncontended doc.update",
+        store.stats().since(&b),
+        "1 GET + 1 PUT",
+    );
     println!();
 
-    // ---- latency, as a ratio to one raw PUT
+    // ---- latency, as a ratio to one raw PUT (after a warm-up, so connections are open)
+    for i in 0..SAMPLES {
+        store
+            .put(
+                &format!("{prefix}/warm/{i}"),
+                "{}".into(),
+                PutMode::Overwrite,
+            )
+            .await?;
+        store.get(&format!("{prefix}/warm/{i}")).await?;
+    }
     let put = time(|i| {
         let s = store.clone();
         let key = format!("{prefix}/lat/put/{i}");
@@ -104,23 +119,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let claim_won = time(|i| {
         let db = db.clone();
         async move {
-            db.claim(&format!("lat/claim/{i}"), &i).await.expect("claim");
+            db.claim(&format!("lat/claim/{i}"), &i)
+                .await
+                .expect("claim");
         }
     })
     .await;
     let claim_lost = time(|i| {
         let db = db.clone();
         async move {
-            db.claim(&format!("lat/claim/{i}"), &0).await.expect("claim");
+            db.claim(&format!("lat/claim/{i}"), &0)
+                .await
+                .expect("claim");
         }
     })
     .await;
     let lease_fresh = time(|i| {
         let db = db.clone();
         async move {
-            db.lease(&format!("lat/lease/{i}"), LeaseOptions::new(cojob::new_holder(), TTL))
-                .await
-                .expect("lease");
+            db.lease(
+                &format!("lat/lease/{i}"),
+                LeaseOptions::new(cojob::new_holder(), TTL),
+            )
+            .await
+            .expect("lease");
         }
     })
     .await;
@@ -187,7 +209,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let secs = start.elapsed().as_secs_f64();
         let used = store.stats().since(&b);
-        let conflicts = used.count(cojob::error::Op::PutIfMatch, cojob::store::Outcome::Conflict);
+        let conflicts = used.count(
+            cojob::error::Op::PutIfMatch,
+            cojob::store::Outcome::Conflict,
+        );
         let (stored, _) = db.doc::<u64>(&key).get().await?.ok_or("counter")?;
         assert_eq!(stored, total, "every successful update is counted once");
         println!(

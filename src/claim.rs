@@ -47,7 +47,11 @@ impl Db {
         let json = to_json(&key, value)?;
         let body = encode(&key, &json)?;
         for _ in 0..CLAIM_ATTEMPTS {
-            match self.store().put(&key, body.clone(), PutMode::IfAbsent).await? {
+            match self
+                .store()
+                .put(&key, body.clone(), PutMode::IfAbsent)
+                .await?
+            {
                 PutOutcome::Written(etag) => {
                     return Ok(Claim {
                         won: true,

@@ -136,7 +136,11 @@ impl LeaseDoc {
         let holder = match map.get("holder") {
             Some(Value::Null) => None,
             Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
-            _ => return Err(corrupt("holder is neither null nor a non-empty string".into())),
+            _ => {
+                return Err(corrupt(
+                    "holder is neither null nor a non-empty string".into(),
+                ));
+            }
         };
         let state = map.remove("state").unwrap_or(Value::Null);
         Ok(LeaseDoc {
@@ -278,8 +282,10 @@ impl Lease {
     /// holder to null. The document stays, so epochs keep increasing. Any later write through
     /// this handle fails with [`Error::LeaseLost`].
     pub async fn release(&mut self, state: Option<Value>) -> Result<()> {
-        self.guarded(false, None, |s| Ok(state.clone().unwrap_or_else(|| s.clone())))
-            .await?;
+        self.guarded(false, None, |s| {
+            Ok(state.clone().unwrap_or_else(|| s.clone()))
+        })
+        .await?;
         self.released = true;
         Ok(())
     }
@@ -343,7 +349,11 @@ impl Lease {
         if stored.holder.as_deref() != Some(self.holder.as_str()) {
             return Err(self.lost(LostReason::HolderChanged));
         }
-        tracing::debug!(key = self.key, epoch = stored.epoch, "absorbed a cooperative write");
+        tracing::debug!(
+            key = self.key,
+            epoch = stored.epoch,
+            "absorbed a cooperative write"
+        );
         self.doc = stored;
         self.version = current.version;
         Ok(())
@@ -361,9 +371,11 @@ impl Lease {
 fn deadline(db: &Db, ttl: Duration) -> Result<DateTime<Utc>> {
     let ttl = check_ttl(ttl)?;
     let now = db.clock().now();
-    Ok(truncate_micros(now.checked_add_signed(ttl).ok_or(Error::InvalidTtl {
-        ttl: ttl.to_std().unwrap_or_default(),
-    })?))
+    Ok(truncate_micros(now.checked_add_signed(ttl).ok_or(
+        Error::InvalidTtl {
+            ttl: ttl.to_std().unwrap_or_default(),
+        },
+    )?))
 }
 
 impl Db {
@@ -470,7 +482,12 @@ impl Db {
     /// assert!(db.attach_lease("l", "not-me", ttl).await?.is_none());
     /// # Ok::<(), cojob::Error>(()) });
     /// ```
-    pub async fn attach_lease(&self, key: &str, holder: &str, ttl: Duration) -> Result<Option<Lease>> {
+    pub async fn attach_lease(
+        &self,
+        key: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>> {
         let key = self.key(key)?;
         check_ttl(ttl)?;
         check_holder(holder)?;
@@ -523,7 +540,11 @@ impl Db {
             };
             doc.state = f(&doc.state);
             let body = encode(&key, &doc.to_json())?;
-            match self.store().put(&key, body, PutMode::IfMatch(version)).await? {
+            match self
+                .store()
+                .put(&key, body, PutMode::IfMatch(version))
+                .await?
+            {
                 PutOutcome::Written(_) => return Ok(doc.state),
                 PutOutcome::Conflict(now_stored) => current = parse_lease(&key, now_stored)?,
             }

@@ -115,7 +115,13 @@ async fn paused_holder_is_fenced_while_others_race() {
         assert_eq!(stolen[0].epoch(), 2);
         let err = paused.update_state(|_| json!("late")).await.unwrap_err();
         assert!(
-            matches!(err, Error::LeaseLost { reason: LostReason::EpochAdvanced { .. }, .. }),
+            matches!(
+                err,
+                Error::LeaseLost {
+                    reason: LostReason::EpochAdvanced { .. },
+                    ..
+                }
+            ),
             "{err}"
         );
     }
@@ -138,7 +144,10 @@ async fn child_process_worker() {
     let doc = db.doc::<u64>("counter").max_attempts(10_000);
     let mut won = Vec::new();
     for k in 0..KEYS {
-        let c = db.claim(&format!("ticks/{k}"), &json!({"pid": me})).await.unwrap();
+        let c = db
+            .claim(&format!("ticks/{k}"), &json!({"pid": me}))
+            .await
+            .unwrap();
         if c.won {
             won.push(format!("ticks/{k}"));
         }
@@ -161,7 +170,13 @@ fn file_store_raced_from_several_processes() {
     let children: Vec<_> = (0..PROCESSES)
         .map(|_| {
             std::process::Command::new(&exe)
-                .args(["--exact", "child_process_worker", "--ignored", "--nocapture", "--test-threads=1"])
+                .args([
+                    "--exact",
+                    "child_process_worker",
+                    "--ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env(CHILD_ENV, dir.path())
                 .stdout(std::process::Stdio::piped())
                 .spawn()
@@ -172,7 +187,10 @@ fn file_store_raced_from_several_processes() {
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "a child failed: {out:?}");
         let text = String::from_utf8(out.stdout).unwrap();
-        assert!(text.contains("1 passed"), "the child ran its worker: {text}");
+        assert!(
+            text.contains("1 passed"),
+            "the child ran its worker: {text}"
+        );
     }
     let mut wins = Vec::new();
     for entry in std::fs::read_dir(dir.path()).unwrap() {
@@ -187,10 +205,15 @@ fn file_store_raced_from_several_processes() {
     wins.sort();
     let mut expected: Vec<String> = (0..KEYS).map(|k| format!("ticks/{k}")).collect();
     expected.sort();
-    assert_eq!(wins, expected, "each key won exactly once across {PROCESSES} processes");
+    assert_eq!(
+        wins, expected,
+        "each key won exactly once across {PROCESSES} processes"
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     let total = rt.block_on(async {
-        let db = Db::open(&format!("file://{}", dir.path().display())).await.unwrap();
+        let db = Db::open(&format!("file://{}", dir.path().display()))
+            .await
+            .unwrap();
         db.doc::<u64>("counter").get().await.unwrap().unwrap().0
     });
     assert_eq!(total, PROCESSES as u64 * CHILD_INCREMENTS);

@@ -10,16 +10,32 @@ use std::sync::Arc;
 #[tokio::test]
 async fn file_etag_changes_on_identical_rewrite() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&format!("file://{}", dir.path().display())).await.unwrap();
-    let PutOutcome::Written(v1) = store.put("k", "same".into(), PutMode::IfAbsent).await.unwrap() else {
+    let store = Store::open(&format!("file://{}", dir.path().display()))
+        .await
+        .unwrap();
+    let PutOutcome::Written(v1) = store
+        .put("k", "same".into(), PutMode::IfAbsent)
+        .await
+        .unwrap()
+    else {
         panic!("fresh")
     };
-    let PutOutcome::Written(v2) = store.put("k", "same".into(), PutMode::IfMatch(v1.clone())).await.unwrap() else {
+    let PutOutcome::Written(v2) = store
+        .put("k", "same".into(), PutMode::IfMatch(v1.clone()))
+        .await
+        .unwrap()
+    else {
         panic!("current version")
     };
     assert_ne!(v1, v2, "identical bytes still get a new ETag");
     // A→B→A: the stale version must not match even though the bytes are back to A.
-    assert!(!store.put("k", "same".into(), PutMode::IfMatch(v1)).await.unwrap().is_written());
+    assert!(
+        !store
+            .put("k", "same".into(), PutMode::IfMatch(v1))
+            .await
+            .unwrap()
+            .is_written()
+    );
     let (body, v) = store.get("k").await.unwrap().unwrap();
     assert_eq!((&body[..], v), (&b"same"[..], v2));
 }
@@ -27,27 +43,56 @@ async fn file_etag_changes_on_identical_rewrite() {
 #[tokio::test]
 async fn file_store_hides_its_lock_and_temp_files() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&format!("file://{}", dir.path().display())).await.unwrap();
-    let PutOutcome::Written(v) = store.put("a/b", "1".into(), PutMode::IfAbsent).await.unwrap() else {
+    let store = Store::open(&format!("file://{}", dir.path().display()))
+        .await
+        .unwrap();
+    let PutOutcome::Written(v) = store
+        .put("a/b", "1".into(), PutMode::IfAbsent)
+        .await
+        .unwrap()
+    else {
         panic!()
     };
-    store.put("a/b", "2".into(), PutMode::IfMatch(v)).await.unwrap();
-    assert!(dir.path().join("a/.cojob-lock.b").exists(), "CAS uses a sibling lock file");
+    store
+        .put("a/b", "2".into(), PutMode::IfMatch(v))
+        .await
+        .unwrap();
+    assert!(
+        dir.path().join("a/.cojob-lock.b").exists(),
+        "CAS uses a sibling lock file"
+    );
     assert_eq!(store.list("").await.unwrap(), ["a/b"]);
     store.delete("a/b").await.unwrap();
     let left: Vec<_> = std::fs::read_dir(dir.path().join("a")).unwrap().collect();
-    assert!(left.is_empty(), "delete removes the object and its lock file: {left:?}");
+    assert!(
+        left.is_empty(),
+        "delete removes the object and its lock file: {left:?}"
+    );
 }
 
 #[tokio::test]
 async fn file_store_versions_foreign_files() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("plain.json"), b"{\"x\":1}").unwrap();
-    let store = Store::open(&format!("file://{}", dir.path().display())).await.unwrap();
+    let store = Store::open(&format!("file://{}", dir.path().display()))
+        .await
+        .unwrap();
     let (body, v) = store.get("plain.json").await.unwrap().unwrap();
     assert_eq!(&body[..], b"{\"x\":1}");
-    assert!(store.put("plain.json", "{}".into(), PutMode::IfMatch(v.clone())).await.unwrap().is_written());
-    assert!(!store.put("plain.json", "{}".into(), PutMode::IfMatch(v)).await.unwrap().is_written());
+    assert!(
+        store
+            .put("plain.json", "{}".into(), PutMode::IfMatch(v.clone()))
+            .await
+            .unwrap()
+            .is_written()
+    );
+    assert!(
+        !store
+            .put("plain.json", "{}".into(), PutMode::IfMatch(v))
+            .await
+            .unwrap()
+            .is_written()
+    );
 }
 
 #[tokio::test]
@@ -57,8 +102,13 @@ async fn open_rejects_bad_urls() {
         assert!(matches!(err, StoreError::InvalidUrl { .. }), "{url}: {err}");
     }
     let file = tempfile::NamedTempFile::new().unwrap();
-    let err = Store::open(&format!("file://{}", file.path().display())).await.unwrap_err();
-    assert!(matches!(err, StoreError::InvalidUrl { .. }), "a file is not a directory: {err}");
+    let err = Store::open(&format!("file://{}", file.path().display()))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::InvalidUrl { .. }),
+        "a file is not a directory: {err}"
+    );
 }
 
 #[tokio::test]
@@ -78,7 +128,13 @@ impl Backend for Unconditional {
     async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
         self.0.get(key).await
     }
-    async fn put(&self, key: &str, body: Bytes, _: &PutMode, token: &str) -> Result<PutOutcome, StoreError> {
+    async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        _: &PutMode,
+        token: &str,
+    ) -> Result<PutOutcome, StoreError> {
         self.0.put(key, body, &PutMode::Overwrite, token).await
     }
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
@@ -94,9 +150,19 @@ async fn probe_fails_closed_on_a_store_without_conditional_writes() {
     let inner = ObjectStoreBackend::new(Arc::new(object_store::memory::InMemory::new()));
     let store = Store::new(Unconditional(inner), "");
     let err = store.verify_conditional_writes().await.unwrap_err();
-    assert!(matches!(err, StoreError::NoConditionalWrites { .. }), "{err}");
-    assert!(err.to_string().contains("does not honour conditional writes"), "{err}");
-    assert!(store.list("").await.unwrap().is_empty(), "the probe cleans up after failing");
+    assert!(
+        matches!(err, StoreError::NoConditionalWrites { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("does not honour conditional writes"),
+        "{err}"
+    );
+    assert!(
+        store.list("").await.unwrap().is_empty(),
+        "the probe cleans up after failing"
+    );
 }
 
 #[tokio::test]

@@ -67,11 +67,13 @@ where
     let key = key.to_string();
     match tokio::task::spawn_blocking(f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) if e.kind() == io::ErrorKind::PermissionDenied => Err(StoreError::AccessDenied {
-            op,
-            key,
-            source: Box::new(e),
-        }),
+        Ok(Err(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
+            Err(StoreError::AccessDenied {
+                op,
+                key,
+                source: Box::new(e),
+            })
+        }
         Ok(Err(e)) => Err(StoreError::Backend {
             op,
             key,
@@ -111,7 +113,9 @@ fn lock(file: &Path) -> io::Result<Locked> {
         // A deleter may have unlinked the lock file while we waited: then retry on the new one.
         let held = f.metadata()?;
         match fs::metadata(&path) {
-            Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => return Ok(Locked { _file: f }),
+            Ok(now) if now.dev() == held.dev() && now.ino() == held.ino() => {
+                return Ok(Locked { _file: f });
+            }
             Ok(_) => continue,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
@@ -204,7 +208,9 @@ fn put_sync(file: &Path, body: &[u8], mode: &PutMode, token: &str) -> io::Result
                     sync_dir(file)?;
                     Ok(written(token))
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(PutOutcome::Conflict(None)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    Ok(PutOutcome::Conflict(None))
+                }
                 Err(e) => Err(e),
             }
         }
@@ -259,7 +265,12 @@ fn list_sync(root: &Path, prefix: &str) -> io::Result<Vec<String>> {
     while let Some((dir, key_prefix)) = stack.pop() {
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
-            Err(e) if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::NotADirectory) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) =>
+            {
                 continue;
             }
             Err(e) => return Err(e),

@@ -277,10 +277,7 @@ impl Store {
 
     /// Reads `key`: its bytes and version, or `None` if absent.
     pub async fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>, StoreError> {
-        Ok(self
-            .get_object(key)
-            .await?
-            .map(|o| (o.body, o.version)))
+        Ok(self.get_object(key).await?.map(|o| (o.body, o.version)))
     }
 
     /// Reads `key` with its write token.
@@ -407,8 +404,16 @@ impl Store {
             detail,
         };
         let (a, b) = tokio::join!(
-            self.put(key, Bytes::from_static(b"{\"probe\":\"a\"}"), PutMode::IfAbsent),
-            self.put(key, Bytes::from_static(b"{\"probe\":\"b\"}"), PutMode::IfAbsent),
+            self.put(
+                key,
+                Bytes::from_static(b"{\"probe\":\"a\"}"),
+                PutMode::IfAbsent
+            ),
+            self.put(
+                key,
+                Bytes::from_static(b"{\"probe\":\"b\"}"),
+                PutMode::IfAbsent
+            ),
         );
         let winners: Vec<Version> = [a?, b?]
             .into_iter()
@@ -417,27 +422,37 @@ impl Store {
                 PutOutcome::Conflict(_) => None,
             })
             .collect();
-        if winners.len() != 1 {
+        let [first] = winners.as_slice() else {
             return Err(fail(format!(
                 "{} of 2 racing put-if-absent calls succeeded, expected exactly 1",
                 winners.len()
             )));
-        }
-        let first = winners[0].clone();
+        };
+        let first = first.clone();
         let PutOutcome::Written(_) = self
-            .put(key, Bytes::from_static(b"{\"probe\":\"c\"}"), PutMode::IfMatch(first.clone()))
+            .put(
+                key,
+                Bytes::from_static(b"{\"probe\":\"c\"}"),
+                PutMode::IfMatch(first.clone()),
+            )
             .await?
         else {
-            return Err(fail("compare-and-swap on the current version failed".into()));
+            return Err(fail(
+                "compare-and-swap on the current version failed".into(),
+            ));
         };
         match self
-            .put(key, Bytes::from_static(b"{\"probe\":\"d\"}"), PutMode::IfMatch(first))
+            .put(
+                key,
+                Bytes::from_static(b"{\"probe\":\"d\"}"),
+                PutMode::IfMatch(first),
+            )
             .await?
         {
             PutOutcome::Conflict(_) => Ok(()),
-            PutOutcome::Written(_) => Err(fail(
-                "compare-and-swap on a stale version succeeded".into(),
-            )),
+            PutOutcome::Written(_) => {
+                Err(fail("compare-and-swap on a stale version succeeded".into()))
+            }
         }
     }
 }
@@ -460,7 +475,11 @@ pub fn validate_key(key: &str) -> Result<(), StoreError> {
     }
     for segment in key.split('/') {
         match segment {
-            "" => return Err(bad("a key may not have empty segments or leading, trailing or doubled '/'")),
+            "" => {
+                return Err(bad(
+                    "a key may not have empty segments or leading, trailing or doubled '/'",
+                ));
+            }
             "." | ".." => return Err(bad("a key may not have '.' or '..' segments")),
             s if s.starts_with(".cojob") => {
                 return Err(bad("segments starting with '.cojob' are reserved"));

@@ -106,7 +106,9 @@ fn classify(op: Op, key: &str, err: object_store::Error) -> StoreError {
 fn is_unavailable(source: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(source);
     while let Some(e) = cause {
-        if e.downcast_ref::<object_store::client::HttpError>().is_some() {
+        if e.downcast_ref::<object_store::client::HttpError>()
+            .is_some()
+        {
             return true;
         }
         cause = e.source();

@@ -149,7 +149,10 @@ pub struct Rig {
 
 /// A fresh key prefix, so that runs and tests sharing a server never collide.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", cojob::new_holder()[..12].replace(['-', '_'], "x"))
+    format!(
+        "{prefix}-{}",
+        cojob::new_holder()[..12].replace(['-', '_'], "x")
+    )
 }
 
 /// The URL of a required test server, or a panic that says how to start it.
@@ -164,36 +167,36 @@ pub fn required_env(var: &str) -> String {
 
 impl Rig {
     pub async fn new(kind: Kind) -> Rig {
-        let (inner, prefix, dir): (Arc<dyn Backend>, String, Option<tempfile::TempDir>) =
-            match kind {
-                Kind::Memory => (
-                    Arc::new(ObjectStoreBackend::new(Arc::new(
-                        object_store::memory::InMemory::new(),
-                    ))),
-                    String::new(),
-                    None,
-                ),
-                Kind::File => {
-                    let dir = tempfile::tempdir().unwrap();
-                    let backend = DirBackend::open(dir.path()).await.unwrap();
-                    (Arc::new(backend), String::new(), Some(dir))
-                }
-                Kind::S3 | Kind::Azure => {
-                    let var = if kind == Kind::S3 {
-                        "COJOB_TEST_S3_URL"
-                    } else {
-                        "COJOB_TEST_AZ_URL"
-                    };
-                    let url = url::Url::parse(&required_env(var)).unwrap();
-                    let (backend, base) = ObjectStoreBackend::from_url(&url).unwrap();
-                    let prefix = if base.is_empty() {
-                        unique("suite")
-                    } else {
-                        format!("{base}/{}", unique("suite"))
-                    };
-                    (Arc::new(backend), prefix, None)
-                }
-            };
+        let (inner, prefix, dir): (Arc<dyn Backend>, String, Option<tempfile::TempDir>) = match kind
+        {
+            Kind::Memory => (
+                Arc::new(ObjectStoreBackend::new(Arc::new(
+                    object_store::memory::InMemory::new(),
+                ))),
+                String::new(),
+                None,
+            ),
+            Kind::File => {
+                let dir = tempfile::tempdir().unwrap();
+                let backend = DirBackend::open(dir.path()).await.unwrap();
+                (Arc::new(backend), String::new(), Some(dir))
+            }
+            Kind::S3 | Kind::Azure => {
+                let var = if kind == Kind::S3 {
+                    "COJOB_TEST_S3_URL"
+                } else {
+                    "COJOB_TEST_AZ_URL"
+                };
+                let url = url::Url::parse(&required_env(var)).unwrap();
+                let (backend, base) = ObjectStoreBackend::from_url(&url).unwrap();
+                let prefix = if base.is_empty() {
+                    unique("suite")
+                } else {
+                    format!("{base}/{}", unique("suite"))
+                };
+                (Arc::new(backend), prefix, None)
+            }
+        };
         let clock = FakeClock::at_unix_micros(1_786_240_800_000_000);
         let race = Arc::new(RaceBackend::new(inner.clone()));
         let db = Db::new(Store::new(race.clone(), &prefix)).with_clock(clock.clone());

@@ -21,7 +21,11 @@ pub async fn racing_creates_have_one_winner(kind: Kind) {
                 tokio::spawn(async move {
                     barrier.wait().await;
                     store
-                        .put(&key, Bytes::from(format!("{{\"racer\":{i}}}")), PutMode::IfAbsent)
+                        .put(
+                            &key,
+                            Bytes::from(format!("{{\"racer\":{i}}}")),
+                            PutMode::IfAbsent,
+                        )
                         .await
                         .unwrap()
                 })
@@ -32,7 +36,10 @@ pub async fn racing_creates_have_one_winner(kind: Kind) {
             .into_iter()
             .filter(|o| matches!(o.as_ref().unwrap(), PutOutcome::Written(_)))
             .count();
-        assert_eq!(winners, 1, "trial {trial}: {winners} of {RACERS} creates succeeded");
+        assert_eq!(
+            winners, 1,
+            "trial {trial}: {winners} of {RACERS} creates succeeded"
+        );
     }
 }
 
@@ -41,17 +48,27 @@ pub async fn racing_swaps_have_one_winner(kind: Kind) {
     let rig = Rig::new(kind).await;
     for trial in 0..TRIALS {
         let key = format!("race/swap-{trial}");
-        let PutOutcome::Written(v) = rig.raw.put(&key, "{}".into(), PutMode::IfAbsent).await.unwrap() else {
+        let PutOutcome::Written(v) = rig
+            .raw
+            .put(&key, "{}".into(), PutMode::IfAbsent)
+            .await
+            .unwrap()
+        else {
             panic!("fresh key")
         };
         let barrier = Arc::new(tokio::sync::Barrier::new(RACERS / 2));
         let tasks: Vec<_> = (0..RACERS / 2)
             .map(|i| {
-                let (store, key, barrier, v) = (rig.raw.clone(), key.clone(), barrier.clone(), v.clone());
+                let (store, key, barrier, v) =
+                    (rig.raw.clone(), key.clone(), barrier.clone(), v.clone());
                 tokio::spawn(async move {
                     barrier.wait().await;
                     store
-                        .put(&key, Bytes::from(format!("{{\"racer\":{i}}}")), PutMode::IfMatch(v))
+                        .put(
+                            &key,
+                            Bytes::from(format!("{{\"racer\":{i}}}")),
+                            PutMode::IfMatch(v),
+                        )
                         .await
                         .unwrap()
                 })
@@ -62,7 +79,10 @@ pub async fn racing_swaps_have_one_winner(kind: Kind) {
             .into_iter()
             .filter(|o| o.as_ref().unwrap().is_written())
             .count();
-        assert_eq!(winners, 1, "trial {trial}: {winners} swaps on one version succeeded");
+        assert_eq!(
+            winners, 1,
+            "trial {trial}: {winners} swaps on one version succeeded"
+        );
     }
 }
 
@@ -76,7 +96,11 @@ pub async fn library_under_contention(kind: Kind) {
             tokio::spawn(async move { db.claim("tick", &i).await.unwrap().won })
         })
         .collect();
-    let wins = futures::future::join_all(tasks).await.into_iter().filter(|w| *w.as_ref().unwrap()).count();
+    let wins = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .filter(|w| *w.as_ref().unwrap())
+        .count();
     assert_eq!(wins, 1);
     let (writers, increments) = (8u64, 10u64);
     let tasks: Vec<_> = (0..writers)

@@ -149,7 +149,10 @@ pub async fn claim_retries_when_the_winner_vanishes(r: Rig) {
         raw.delete("t/v").await.unwrap();
     });
     let c = r.db.claim("t/v", &json!("mine")).await.unwrap();
-    assert!(c.won, "after the winner vanished the claim is retried and wins");
+    assert!(
+        c.won,
+        "after the winner vanished the claim is retried and wins"
+    );
     assert_eq!(stored(&r, "t/v").await, Some(json!("mine")));
     assert_eq!(r.race.pending_hooks(), 0);
 }
@@ -175,7 +178,10 @@ pub async fn claim_gives_up_after_bounded_attempts(r: Rig) {
 pub async fn claim_ambiguous_conflict_is_resolved_by_rereading(r: Rig) {
     r.race.lie_on_next_put(Lie::Conflict);
     let c = r.db.claim("t/amb", &json!("mine")).await.unwrap();
-    assert!(c.won, "our own write, reported as a conflict, is recognised");
+    assert!(
+        c.won,
+        "our own write, reported as a conflict, is recognised"
+    );
     r.race.lie_on_next_put(Lie::Error);
     let c = r.db.claim("t/amb2", &json!("mine")).await.unwrap();
     assert!(c.won, "our own write, reported as an error, is recognised");
@@ -203,7 +209,10 @@ pub async fn claim_refuses_foreign_documents(r: Rig) {
         matches!(&err, Error::Corrupt { expected, .. } if expected.contains("Decision")),
         "{err}"
     );
-    assert_eq!(stored_bytes(&r, "t/foreign").await.unwrap(), b"not json at all");
+    assert_eq!(
+        stored_bytes(&r, "t/foreign").await.unwrap(),
+        b"not json at all"
+    );
 }
 
 /// A value whose serialization always fails.
@@ -252,39 +261,83 @@ pub async fn lease_held_by_another_is_refused(r: Rig) {
     let _held = r.db.lease("l", opts("a")).await.unwrap().unwrap();
     let before = stored_bytes(&r, "l").await;
     assert!(r.db.lease("l", opts("b")).await.unwrap().is_none());
-    assert_eq!(stored_bytes(&r, "l").await, before, "a refused lease writes nothing");
+    assert_eq!(
+        stored_bytes(&r, "l").await,
+        before,
+        "a refused lease writes nothing"
+    );
 }
 
 pub async fn lease_expiry_is_inclusive(r: Rig) {
     r.db.lease("l", opts("a")).await.unwrap().unwrap();
     r.clock.advance(TTL - Duration::from_micros(1));
-    assert!(r.db.lease("l", opts("b")).await.unwrap().is_none(), "1µs before the deadline");
+    assert!(
+        r.db.lease("l", opts("b")).await.unwrap().is_none(),
+        "1µs before the deadline"
+    );
     r.clock.advance(Duration::from_micros(1));
-    let stolen = r.db.lease("l", opts("b")).await.unwrap().expect("at the deadline it has expired");
+    let stolen =
+        r.db.lease("l", opts("b"))
+            .await
+            .unwrap()
+            .expect("at the deadline it has expired");
     assert_eq!(stolen.epoch(), 2);
 }
 
 pub async fn lease_steal_if_expired_false(r: Rig) {
     let mut a = r.db.lease("l", opts("a")).await.unwrap().unwrap();
     r.clock.advance(TTL * 2);
-    assert!(r.db.lease("l", opts("b").steal_if_expired(false)).await.unwrap().is_none());
+    assert!(
+        r.db.lease("l", opts("b").steal_if_expired(false))
+            .await
+            .unwrap()
+            .is_none()
+    );
     a.release(None).await.unwrap();
-    let b = r.db.lease("l", opts("b").steal_if_expired(false)).await.unwrap();
-    assert_eq!(b.unwrap().epoch(), 2, "a released lease is free even without stealing");
+    let b =
+        r.db.lease("l", opts("b").steal_if_expired(false))
+            .await
+            .unwrap();
+    assert_eq!(
+        b.unwrap().epoch(),
+        2,
+        "a released lease is free even without stealing"
+    );
 }
 
 pub async fn lease_epoch_bumps_on_every_acquisition(r: Rig) {
     let me = holder("me");
-    let mut first = r.db.lease("l", LeaseOptions::new(me.clone(), TTL)).await.unwrap().unwrap();
+    let mut first =
+        r.db.lease("l", LeaseOptions::new(me.clone(), TTL))
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(first.epoch(), 1);
     // Re-acquiring while holding begins a new period and fences the old handle.
-    let mut second = r.db.lease("l", LeaseOptions::new(me.clone(), TTL)).await.unwrap().unwrap();
+    let mut second =
+        r.db.lease("l", LeaseOptions::new(me.clone(), TTL))
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(second.epoch(), 2);
     let err = first.renew().await.unwrap_err();
-    assert!(matches!(err, Error::LeaseLost { reason: LostReason::EpochAdvanced { ours: 1, stored: 2 }, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::LeaseLost {
+                reason: LostReason::EpochAdvanced { ours: 1, stored: 2 },
+                ..
+            }
+        ),
+        "{err}"
+    );
     second.release(Some(json!({"done": true}))).await.unwrap();
     let doc = stored(&r, "l").await.unwrap();
-    assert_eq!(doc["holder"], Value::Null, "release keeps the document, with no holder");
+    assert_eq!(
+        doc["holder"],
+        Value::Null,
+        "release keeps the document, with no holder"
+    );
     assert_eq!(doc["epoch"], 2);
     assert_eq!(doc["state"], json!({"done": true}));
     let third = r.db.lease("l", opts("x")).await.unwrap().unwrap();
@@ -306,17 +359,35 @@ pub async fn lease_state_fn_sees_state_and_can_abort(r: Rig) {
         let attempt = s.and_then(|s| s["attempt"].as_u64()).unwrap_or(0) + 1;
         Ok(json!({"status": "pending", "attempt": attempt}))
     };
-    let mut l = r.db.lease("l", opts("a").state_fn(bump.clone())).await.unwrap().unwrap();
+    let mut l =
+        r.db.lease("l", opts("a").state_fn(bump.clone()))
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(l.state(), &json!({"status": "pending", "attempt": 1}));
     l.release(None).await.unwrap();
-    let mut l = r.db.lease("l", opts("b").state_fn(bump.clone())).await.unwrap().unwrap();
+    let mut l =
+        r.db.lease("l", opts("b").state_fn(bump.clone()))
+            .await
+            .unwrap()
+            .unwrap();
     assert_eq!(l.state()["attempt"], 2);
-    assert_eq!(seen.lock().unwrap()[0], None, "a fresh lease's state_fn sees None");
-    l.release(Some(json!({"status": "succeeded", "attempt": 2}))).await.unwrap();
+    assert_eq!(
+        seen.lock().unwrap()[0],
+        None,
+        "a fresh lease's state_fn sees None"
+    );
+    l.release(Some(json!({"status": "succeeded", "attempt": 2})))
+        .await
+        .unwrap();
     let before = stored_bytes(&r, "l").await;
     let err = r.db.lease("l", opts("c").state_fn(bump)).await.unwrap_err();
     assert!(matches!(err, Error::Aborted { .. }), "{err}");
-    assert_eq!(stored_bytes(&r, "l").await, before, "an aborted acquisition writes nothing");
+    assert_eq!(
+        stored_bytes(&r, "l").await,
+        before,
+        "an aborted acquisition writes nothing"
+    );
 }
 
 pub async fn lease_renew_extends_deadline(r: Rig) {
@@ -325,7 +396,11 @@ pub async fn lease_renew_extends_deadline(r: Rig) {
     let before = r.db.store().stats();
     l.renew().await.unwrap();
     let used = r.db.store().stats().since(&before);
-    assert_eq!((used.puts(), used.gets()), (1, 0), "renew is one PUT: {used}");
+    assert_eq!(
+        (used.puts(), used.gets()),
+        (1, 0),
+        "renew is one PUT: {used}"
+    );
     assert_eq!(l.deadline(), later(&r, TTL));
     let doc = stored(&r, "l").await.unwrap();
     assert_eq!(doc["deadline_at"], cojob::json::format_time(later(&r, TTL)));
@@ -343,51 +418,107 @@ pub async fn lease_paused_holder_is_fenced(r: Rig) {
     assert_eq!(thief.epoch(), 2);
     let after_steal = stored_bytes(&r, "l").await;
     let lost = |e: Error| {
-        assert!(matches!(e, Error::LeaseLost { reason: LostReason::EpochAdvanced { ours: 1, stored: 2 }, .. }), "{e}")
+        assert!(
+            matches!(
+                e,
+                Error::LeaseLost {
+                    reason: LostReason::EpochAdvanced { ours: 1, stored: 2 },
+                    ..
+                }
+            ),
+            "{e}"
+        )
     };
     lost(paused.renew().await.unwrap_err());
     lost(paused.update_state(|_| json!("late")).await.unwrap_err());
     lost(paused.write(json!("late")).await.unwrap_err());
     lost(paused.release(Some(json!("late"))).await.unwrap_err());
-    assert_eq!(stored_bytes(&r, "l").await, after_steal, "no late write landed");
+    assert_eq!(
+        stored_bytes(&r, "l").await,
+        after_steal,
+        "no late write landed"
+    );
 }
 
 pub async fn lease_holder_change_and_deletion_are_lost(r: Rig) {
     let me = holder("me");
-    let mut mine = r.db.lease("l", LeaseOptions::new(me.clone(), TTL)).await.unwrap().unwrap();
+    let mut mine =
+        r.db.lease("l", LeaseOptions::new(me.clone(), TTL))
+            .await
+            .unwrap()
+            .unwrap();
     // Another handle on the same period releases it: same epoch, holder now null.
     let mut other = r.rival.attach_lease("l", &me, TTL).await.unwrap().unwrap();
     other.release(None).await.unwrap();
     let err = mine.renew().await.unwrap_err();
-    assert!(matches!(err, Error::LeaseLost { reason: LostReason::HolderChanged, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::LeaseLost {
+                reason: LostReason::HolderChanged,
+                ..
+            }
+        ),
+        "{err}"
+    );
 
     let mut gone = r.db.lease("l2", opts("a")).await.unwrap().unwrap();
     r.raw.delete("l2").await.unwrap();
     let err = gone.update_state(|s| s.clone()).await.unwrap_err();
-    assert!(matches!(err, Error::LeaseLost { reason: LostReason::Deleted, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::LeaseLost {
+                reason: LostReason::Deleted,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.is_lease_lost());
 }
 
 pub async fn lease_cooperative_write_is_absorbed(r: Rig) {
-    let mut l = r.db.lease("l", opts("a").state_fn(|_| Ok(json!({"progress": 0})))).await.unwrap().unwrap();
+    let mut l =
+        r.db.lease("l", opts("a").state_fn(|_| Ok(json!({"progress": 0}))))
+            .await
+            .unwrap()
+            .unwrap();
     let deadline = l.deadline();
     let rival = r.rival.clone();
     r.race.before_next_put(move || async move {
         rival
-            .cooperative_write("l", |s| cojob::lease::merge(s, json!({"cancel_requested": true})))
+            .cooperative_write("l", |s| {
+                cojob::lease::merge(s, json!({"cancel_requested": true}))
+            })
             .await
             .unwrap();
     });
-    l.update_state(|s| cojob::lease::merge(s, json!({"progress": 0.5}))).await.unwrap();
-    assert_eq!(l.state(), &json!({"cancel_requested": true, "progress": 0.5}));
+    l.update_state(|s| cojob::lease::merge(s, json!({"progress": 0.5})))
+        .await
+        .unwrap();
+    assert_eq!(
+        l.state(),
+        &json!({"cancel_requested": true, "progress": 0.5})
+    );
     let doc = stored(&r, "l").await.unwrap();
-    assert_eq!(doc["state"], json!({"cancel_requested": true, "progress": 0.5}));
+    assert_eq!(
+        doc["state"],
+        json!({"cancel_requested": true, "progress": 0.5})
+    );
     assert_eq!(doc["epoch"], 1, "a cooperative write keeps the epoch");
-    assert_eq!(doc["deadline_at"], cojob::json::format_time(deadline), "and the deadline");
+    assert_eq!(
+        doc["deadline_at"],
+        cojob::json::format_time(deadline),
+        "and the deadline"
+    );
     // renew absorbs too, and keeps the absorbed state.
     let rival = r.rival.clone();
     r.race.before_next_put(move || async move {
-        rival.cooperative_write("l", |s| cojob::lease::merge(s, json!({"note": "x"}))).await.unwrap();
+        rival
+            .cooperative_write("l", |s| cojob::lease::merge(s, json!({"note": "x"})))
+            .await
+            .unwrap();
     });
     l.renew().await.unwrap();
     assert_eq!(l.state()["note"], "x");
@@ -398,10 +529,16 @@ pub async fn lease_write_replaces_unread_cooperative_state(r: Rig) {
     let mut l = r.db.lease("l", opts("a")).await.unwrap().unwrap();
     let rival = r.rival.clone();
     r.race.before_next_put(move || async move {
-        rival.cooperative_write("l", |_| json!({"cancel_requested": true})).await.unwrap();
+        rival
+            .cooperative_write("l", |_| json!({"cancel_requested": true}))
+            .await
+            .unwrap();
     });
     l.write(json!({"progress": 1})).await.unwrap();
-    assert_eq!(stored(&r, "l").await.unwrap()["state"], json!({"progress": 1}));
+    assert_eq!(
+        stored(&r, "l").await.unwrap()["state"],
+        json!({"progress": 1})
+    );
 }
 
 pub async fn lease_released_handle_is_lost(r: Rig) {
@@ -410,45 +547,100 @@ pub async fn lease_released_handle_is_lost(r: Rig) {
     assert!(l.is_released());
     let before = r.db.store().stats();
     let err = l.renew().await.unwrap_err();
-    assert!(matches!(err, Error::LeaseLost { reason: LostReason::Released, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::LeaseLost {
+                reason: LostReason::Released,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(r.db.store().stats().since(&before).total(), 0);
 }
 
 pub async fn lease_attach_rules(r: Rig) {
     let me = holder("me");
-    assert!(r.db.attach_lease("l", &me, TTL).await.unwrap().is_none(), "absent");
-    let mut l = r.db.lease("l", LeaseOptions::new(me.clone(), TTL)).await.unwrap().unwrap();
+    assert!(
+        r.db.attach_lease("l", &me, TTL).await.unwrap().is_none(),
+        "absent"
+    );
+    let mut l =
+        r.db.lease("l", LeaseOptions::new(me.clone(), TTL))
+            .await
+            .unwrap()
+            .unwrap();
     let before = r.db.store().stats();
-    let same = r.db.attach_lease("l", &me, TTL).await.unwrap().expect("mine and live");
+    let same =
+        r.db.attach_lease("l", &me, TTL)
+            .await
+            .unwrap()
+            .expect("mine and live");
     let used = r.db.store().stats().since(&before);
-    assert_eq!((used.gets(), used.puts()), (1, 0), "attach is one read and no write");
+    assert_eq!(
+        (used.gets(), used.puts()),
+        (1, 0),
+        "attach is one read and no write"
+    );
     assert_eq!((same.epoch(), same.deadline()), (l.epoch(), l.deadline()));
-    assert!(r.db.attach_lease("l", &holder("other"), TTL).await.unwrap().is_none(), "foreign");
+    assert!(
+        r.db.attach_lease("l", &holder("other"), TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "foreign"
+    );
     r.clock.advance(TTL);
-    assert!(r.db.attach_lease("l", &me, TTL).await.unwrap().is_none(), "expired, inclusively");
+    assert!(
+        r.db.attach_lease("l", &me, TTL).await.unwrap().is_none(),
+        "expired, inclusively"
+    );
     l.renew().await.unwrap();
     l.release(None).await.unwrap();
-    assert!(r.db.attach_lease("l", &me, TTL).await.unwrap().is_none(), "released");
+    assert!(
+        r.db.attach_lease("l", &me, TTL).await.unwrap().is_none(),
+        "released"
+    );
 }
 
 pub async fn lease_two_handles_on_one_period_converge(r: Rig) {
     let me = holder("me");
-    let mut a = r.db.lease("l", LeaseOptions::new(me.clone(), TTL).state_fn(|_| Ok(json!({}))))
-        .await.unwrap().unwrap();
+    let mut a =
+        r.db.lease(
+            "l",
+            LeaseOptions::new(me.clone(), TTL).state_fn(|_| Ok(json!({}))),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     let mut b = r.rival.attach_lease("l", &me, TTL).await.unwrap().unwrap();
-    b.update_state(|s| cojob::lease::merge(s, json!({"b": 1}))).await.unwrap();
-    a.update_state(|s| cojob::lease::merge(s, json!({"a": 1}))).await.unwrap();
+    b.update_state(|s| cojob::lease::merge(s, json!({"b": 1})))
+        .await
+        .unwrap();
+    a.update_state(|s| cojob::lease::merge(s, json!({"a": 1})))
+        .await
+        .unwrap();
     b.renew().await.unwrap();
     assert_eq!(b.state(), &json!({"a": 1, "b": 1}));
     assert_eq!((a.epoch(), b.epoch()), (1, 1));
 }
 
 pub async fn lease_zero_ttl_and_empty_holder_are_refused(r: Rig) {
-    let err = r.db.lease("l", LeaseOptions::new("a", Duration::ZERO)).await.unwrap_err();
+    let err =
+        r.db.lease("l", LeaseOptions::new("a", Duration::ZERO))
+            .await
+            .unwrap_err();
     assert!(matches!(err, Error::InvalidTtl { .. }), "{err}");
-    let err = r.db.attach_lease("l", "a", Duration::ZERO).await.unwrap_err();
+    let err =
+        r.db.attach_lease("l", "a", Duration::ZERO)
+            .await
+            .unwrap_err();
     assert!(matches!(err, Error::InvalidTtl { .. }), "{err}");
-    let err = r.db.lease("l", LeaseOptions::new("", TTL)).await.unwrap_err();
+    let err =
+        r.db.lease("l", LeaseOptions::new("", TTL))
+            .await
+            .unwrap_err();
     assert!(matches!(err, Error::InvalidHolder), "{err}");
     assert!(r.raw.get("l").await.unwrap().is_none());
 }
@@ -466,23 +658,42 @@ pub async fn lease_refuses_foreign_documents(r: Rig) {
     ];
     for (i, body) in bad.iter().enumerate() {
         let key = format!("bad/{i}");
-        r.raw.put(&key, body.to_string().into(), PutMode::Overwrite).await.unwrap();
+        r.raw
+            .put(&key, body.to_string().into(), PutMode::Overwrite)
+            .await
+            .unwrap();
         let err = r.db.lease(&key, opts("a")).await.unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{body}: {err}");
         let err = r.db.attach_lease(&key, "a", TTL).await.unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{body}: {err}");
-        let err = r.db.cooperative_write(&key, |s| s.clone()).await.unwrap_err();
+        let err =
+            r.db.cooperative_write(&key, |s| s.clone())
+                .await
+                .unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{body}: {err}");
-        assert_eq!(stored_bytes(&r, &key).await.unwrap(), body.as_bytes(), "left untouched");
+        assert_eq!(
+            stored_bytes(&r, &key).await.unwrap(),
+            body.as_bytes(),
+            "left untouched"
+        );
     }
 }
 
 pub async fn lease_oversized_state_is_refused(r: Rig) {
     let mut l = r.db.lease("l", opts("a")).await.unwrap().unwrap();
     let before = stored_bytes(&r, "l").await;
-    let err = l.write(json!("y".repeat(MAX_DOCUMENT_BYTES))).await.unwrap_err();
+    let err = l
+        .write(json!("y".repeat(MAX_DOCUMENT_BYTES)))
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::TooLarge { .. }), "{err}");
-    let err = r.db.lease("l2", opts("a").state_fn(|_| Ok(json!("z".repeat(MAX_DOCUMENT_BYTES))))).await.unwrap_err();
+    let err =
+        r.db.lease(
+            "l2",
+            opts("a").state_fn(|_| Ok(json!("z".repeat(MAX_DOCUMENT_BYTES)))),
+        )
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::TooLarge { .. }), "{err}");
     assert_eq!(stored_bytes(&r, "l").await, before);
     assert!(r.raw.get("l2").await.unwrap().is_none());
@@ -491,7 +702,11 @@ pub async fn lease_oversized_state_is_refused(r: Rig) {
 
 pub async fn lease_ambiguous_error_is_resolved_by_rereading(r: Rig) {
     r.race.lie_on_next_put(Lie::Error);
-    let mut l = r.db.lease("l", opts("a")).await.unwrap().expect("the landed acquisition is ours");
+    let mut l =
+        r.db.lease("l", opts("a"))
+            .await
+            .unwrap()
+            .expect("the landed acquisition is ours");
     r.race.lie_on_next_put(Lie::Conflict);
     l.renew().await.unwrap();
     r.race.lie_on_next_put(Lie::Error);
@@ -502,14 +717,25 @@ pub async fn lease_ambiguous_error_is_resolved_by_rereading(r: Rig) {
 }
 
 pub async fn cooperative_write_needs_a_lease(r: Rig) {
-    let err = r.db.cooperative_write("nothing", |s| s.clone()).await.unwrap_err();
+    let err =
+        r.db.cooperative_write("nothing", |s| s.clone())
+            .await
+            .unwrap_err();
     assert!(matches!(err, Error::NotFound { .. }), "{err}");
     let mut l = r.db.lease("l", opts("a")).await.unwrap().unwrap();
-    l.release(Some(json!({"status": "succeeded"}))).await.unwrap();
-    let s = r.db.cooperative_write("l", |s| cojob::lease::merge(s, json!({"seen": true}))).await.unwrap();
+    l.release(Some(json!({"status": "succeeded"})))
+        .await
+        .unwrap();
+    let s =
+        r.db.cooperative_write("l", |s| cojob::lease::merge(s, json!({"seen": true})))
+            .await
+            .unwrap();
     assert_eq!(s, json!({"status": "succeeded", "seen": true}));
     let doc = stored(&r, "l").await.unwrap();
-    assert_eq!((doc["holder"].clone(), doc["epoch"].clone()), (Value::Null, json!(1)));
+    assert_eq!(
+        (doc["holder"].clone(), doc["epoch"].clone()),
+        (Value::Null, json!(1))
+    );
 }
 
 // ---------------------------------------------------------------- doc
@@ -524,7 +750,16 @@ pub async fn doc_create_get_delete(r: Rig) {
     assert!(d.get().await.unwrap().is_none());
     let err = d.update(|c| c, None).await.unwrap_err();
     assert!(matches!(err, Error::NotFound { .. }), "{err}");
-    let (v, ver) = d.update(|mut c| { c.n += 1; c }, Some(Counter::default())).await.unwrap();
+    let (v, ver) = d
+        .update(
+            |mut c| {
+                c.n += 1;
+                c
+            },
+            Some(Counter::default()),
+        )
+        .await
+        .unwrap();
     assert_eq!(v, Counter { n: 1 });
     let (got, got_ver) = d.get().await.unwrap().unwrap();
     assert_eq!((got, got_ver), (Counter { n: 1 }, ver));
@@ -540,11 +775,30 @@ pub async fn doc_update_retries_lost_races(r: Rig) {
     for _ in 0..3 {
         let rival = r.rival.doc::<Counter>("d");
         r.race.before_next_put(move || async move {
-            rival.update(|mut c| { c.n += 10; c }, None).await.unwrap();
+            rival
+                .update(
+                    |mut c| {
+                        c.n += 10;
+                        c
+                    },
+                    None,
+                )
+                .await
+                .unwrap();
         });
     }
     let calls = std::sync::atomic::AtomicU32::new(0);
-    let (v, _) = d.update(|mut c| { calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed); c.n += 1; c }, None).await.unwrap();
+    let (v, _) = d
+        .update(
+            |mut c| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                c.n += 1;
+                c
+            },
+            None,
+        )
+        .await
+        .unwrap();
     assert_eq!(v.n, 31);
     assert_eq!(calls.into_inner(), 4, "f runs once per round");
     assert_eq!(d.get().await.unwrap().unwrap().0.n, 31);
@@ -556,11 +810,32 @@ pub async fn doc_gives_up_after_max_attempts(r: Rig) {
     for _ in 0..2 {
         let rival = r.rival.doc::<Counter>("d");
         r.race.before_next_put(move || async move {
-            rival.update(|mut c| { c.n += 1; c }, None).await.unwrap();
+            rival
+                .update(
+                    |mut c| {
+                        c.n += 1;
+                        c
+                    },
+                    None,
+                )
+                .await
+                .unwrap();
         });
     }
-    let err = d.update(|mut c| { c.n += 100; c }, None).await.unwrap_err();
-    assert!(matches!(err, Error::Contention { attempts: 2, .. }), "{err}");
+    let err = d
+        .update(
+            |mut c| {
+                c.n += 100;
+                c
+            },
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Contention { attempts: 2, .. }),
+        "{err}"
+    );
     assert!(err.is_transient());
     assert_eq!(d.get().await.unwrap().unwrap().0.n, 2);
 }
@@ -568,7 +843,10 @@ pub async fn doc_gives_up_after_max_attempts(r: Rig) {
 pub async fn doc_update_can_abort(r: Rig) {
     let d = r.db.doc::<Counter>("d");
     d.update(|c| c, Some(Counter { n: 5 })).await.unwrap();
-    let err = d.try_update(|_| Err::<Counter, _>("no"), None).await.unwrap_err();
+    let err = d
+        .try_update(|_| Err::<Counter, _>("no"), None)
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::Aborted { .. }), "{err}");
     assert_eq!(d.get().await.unwrap().unwrap().0.n, 5);
 }
@@ -576,7 +854,10 @@ pub async fn doc_update_can_abort(r: Rig) {
 pub async fn doc_refuses_foreign_documents(r: Rig) {
     for (i, body) in ["{{{", r#"{"n":"five"}"#, "[]"].iter().enumerate() {
         let key = format!("bad/{i}");
-        r.raw.put(&key, body.to_string().into(), PutMode::Overwrite).await.unwrap();
+        r.raw
+            .put(&key, body.to_string().into(), PutMode::Overwrite)
+            .await
+            .unwrap();
         let d = r.db.doc::<Counter>(&key);
         let err = d.get().await.unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{body}: {err}");
@@ -589,12 +870,40 @@ pub async fn doc_refuses_foreign_documents(r: Rig) {
 pub async fn doc_ambiguous_write_is_not_applied_twice(r: Rig) {
     let d = r.db.doc::<Counter>("d");
     r.race.lie_on_next_put(Lie::Conflict);
-    d.update(|mut c| { c.n += 1; c }, Some(Counter::default())).await.unwrap();
+    d.update(
+        |mut c| {
+            c.n += 1;
+            c
+        },
+        Some(Counter::default()),
+    )
+    .await
+    .unwrap();
     r.race.lie_on_next_put(Lie::Error);
-    d.update(|mut c| { c.n += 1; c }, None).await.unwrap();
+    d.update(
+        |mut c| {
+            c.n += 1;
+            c
+        },
+        None,
+    )
+    .await
+    .unwrap();
     r.race.lie_on_next_put(Lie::Conflict);
-    d.update(|mut c| { c.n += 1; c }, None).await.unwrap();
-    assert_eq!(d.get().await.unwrap().unwrap().0.n, 3, "each increment applied exactly once");
+    d.update(
+        |mut c| {
+            c.n += 1;
+            c
+        },
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        d.get().await.unwrap().unwrap().0.n,
+        3,
+        "each increment applied exactly once"
+    );
 }
 
 pub async fn doc_refuses_unserializable_values(r: Rig) {
@@ -631,14 +940,29 @@ pub async fn store_counts_minimal_requests(r: Rig) {
     let d = r.db.doc::<Counter>("m/d");
     d.update(|c| c, Some(Counter::default())).await.unwrap();
     let b = s.stats();
-    d.update(|mut c| { c.n += 1; c }, None).await.unwrap();
+    d.update(
+        |mut c| {
+            c.n += 1;
+            c
+        },
+        None,
+    )
+    .await
+    .unwrap();
     let u = measure(b);
-    assert_eq!((u.gets(), u.puts(), u.total()), (1, 1, 2), "doc.update: {u}");
+    assert_eq!(
+        (u.gets(), u.puts(), u.total()),
+        (1, 1, 2),
+        "doc.update: {u}"
+    );
 }
 
 pub async fn store_verifies_conditional_writes(r: Rig) {
     r.db.store().verify_conditional_writes().await.unwrap();
-    assert!(r.raw.list("").await.unwrap().is_empty(), "the probe cleans up after itself");
+    assert!(
+        r.raw.list("").await.unwrap().is_empty(),
+        "the probe cleans up after itself"
+    );
 }
 
 pub async fn store_lists_sorted_and_rejects_bad_keys(r: Rig) {
@@ -646,12 +970,27 @@ pub async fn store_lists_sorted_and_rejects_bad_keys(r: Rig) {
         r.raw.put(k, "{}".into(), PutMode::Overwrite).await.unwrap();
     }
     assert_eq!(r.raw.list("b").await.unwrap(), ["b/1", "b/2", "b/sub/x"]);
-    assert_eq!(r.raw.list("").await.unwrap(), ["a/1", "b/1", "b/2", "b/sub/x", "bb"]);
+    assert_eq!(
+        r.raw.list("").await.unwrap(),
+        ["a/1", "b/1", "b/2", "b/sub/x", "bb"]
+    );
     r.raw.delete("b/1").await.unwrap();
     r.raw.delete("b/1").await.unwrap();
     assert_eq!(r.raw.list("b/").await.unwrap(), ["b/2", "b/sub/x"]);
-    for bad in ["", "/a", "a/", "a//b", "a/../b", "./a", "a\nb", ".cojob-lock.x"] {
+    for bad in [
+        "",
+        "/a",
+        "a/",
+        "a//b",
+        "a/../b",
+        "./a",
+        "a\nb",
+        ".cojob-lock.x",
+    ] {
         let err = r.db.claim(bad, &1).await.unwrap_err();
-        assert!(matches!(err, Error::Store(cojob::StoreError::InvalidKey { .. })), "{bad:?}: {err}");
+        assert!(
+            matches!(err, Error::Store(cojob::StoreError::InvalidKey { .. })),
+            "{bad:?}: {err}"
+        );
     }
 }
