@@ -4,6 +4,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
@@ -106,6 +107,23 @@ impl Db {
             Some((bytes, version)) => Ok(Some((parse_json(key, &bytes)?, version))),
         }
     }
+}
+
+/// The first backoff window after a lost race in a read-modify-write loop.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(2);
+/// The largest backoff window.
+pub const BACKOFF_CAP: Duration = Duration::from_millis(200);
+
+/// Sleeps after the `lost`-th lost race of a read-modify-write loop ("full jitter"): a uniform
+/// random time in `[0, min(cap, base × 2^(lost-1))]`. Contending writers spread out instead of
+/// colliding again; an uncontended writer never sleeps.
+pub(crate) async fn backoff(lost: u32) {
+    let window = BACKOFF_BASE
+        .saturating_mul(1u32 << lost.saturating_sub(1).min(16))
+        .min(BACKOFF_CAP);
+    let micros = u64::try_from(window.as_micros()).unwrap_or(u64::MAX);
+    let pause = Duration::from_micros(rand::random_range(0..=micros));
+    tokio::time::sleep(pause).await;
 }
 
 /// Encodes a value as canonical JSON, refusing documents over [`MAX_DOCUMENT_BYTES`].

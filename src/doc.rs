@@ -6,7 +6,7 @@ use serde_json::Value;
 use std::fmt;
 use std::marker::PhantomData;
 
-use crate::db::{Db, encode, from_json, parse_json, to_json};
+use crate::db::{Db, backoff, encode, from_json, parse_json, to_json};
 use crate::error::{BoxError, Error, Result};
 use crate::store::{PutMode, PutOutcome, Version};
 
@@ -93,7 +93,9 @@ impl<T: Serialize + DeserializeOwned> Doc<T> {
 
     /// Atomic read-modify-write: reads the document (or takes `create` when absent), applies
     /// `f`, and writes the result with compare-and-swap (or put-if-absent), retrying lost races
-    /// up to `max_attempts` times. `f` must be pure: it can run more than once. With no
+    /// up to `max_attempts` times. A lost race returns the winning document, so a retry needs
+    /// no extra read; it waits a jittered, exponentially growing pause first (up to
+    /// [`BACKOFF_CAP`](crate::BACKOFF_CAP)), so contending writers spread out. `f` must be pure: it can run more than once. With no
     /// `create`, an absent document is [`Error::NotFound`]. Returns the value written and its
     /// version.
     pub async fn update<F>(&self, mut f: F, create: Option<T>) -> Result<(T, Version)>
@@ -113,7 +115,10 @@ impl<T: Serialize + DeserializeOwned> Doc<T> {
         let key = self.db.key(&self.key)?;
         let create: Option<Value> = create.map(|c| to_json(&key, &c)).transpose()?;
         let mut current = self.db.store().get_object(&key).await?;
-        for _ in 0..self.max_attempts {
+        for attempt in 0..self.max_attempts {
+            if attempt > 0 {
+                backoff(attempt).await;
+            }
             let (value, mode) = match current {
                 Some(object) => (
                     parse_json(&key, &object.body)?,

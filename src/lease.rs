@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::db::{Db, encode, from_json};
+use crate::db::{Db, backoff, encode, from_json};
 use crate::error::{BoxError, Error, LostReason, Result};
 use crate::json::{format_time, parse_time, truncate_micros};
 use crate::store::{PutMode, PutOutcome, StoredObject, Version};
@@ -534,7 +534,10 @@ impl Db {
     {
         let key = self.key(key)?;
         let mut current = parse_lease(&key, self.store().get_object(&key).await?)?;
-        for _ in 0..self.max_attempts() {
+        for attempt in 0..self.max_attempts() {
+            if attempt > 0 {
+                backoff(attempt).await;
+            }
             let Some((mut doc, version)) = current else {
                 return Err(Error::NotFound { key });
             };

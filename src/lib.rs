@@ -105,7 +105,7 @@ pub mod store;
 mod token;
 
 pub use claim::{CLAIM_ATTEMPTS, Claim};
-pub use db::{DEFAULT_MAX_ATTEMPTS, Db, MAX_DOCUMENT_BYTES};
+pub use db::{BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_ATTEMPTS, Db, MAX_DOCUMENT_BYTES};
 pub use doc::Doc;
 pub use error::{BoxError, Error, LostReason, Result, StoreError};
 pub use lease::{Lease, LeaseOptions, StateFn};
