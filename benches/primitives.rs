@@ -167,6 +167,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     })
     .await;
     println!("| operation | median | ratio to one PUT |\n|---|---|---|");
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
     for (name, d) in [
         ("raw PUT (reference)", put),
         ("claim won", claim_won),
@@ -175,11 +176,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("renew", renew),
         ("doc.update (uncontended)", update),
     ] {
-        println!(
-            "| {name} | {:.2} ms | {:.2} |",
-            d.as_secs_f64() * 1e3,
-            d.as_secs_f64() / put.as_secs_f64()
-        );
+        println!("| {name} | {:.1} µs | {:.2} |", us(d), us(d) / us(put));
     }
     println!();
 

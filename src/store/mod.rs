@@ -345,14 +345,7 @@ impl Store {
     pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let full = self.full_key(key)?;
         let result = self.backend.delete(&full).await;
-        self.stats.record(
-            Op::Delete,
-            if result.is_ok() {
-                Outcome::Ok
-            } else {
-                Outcome::Error
-            },
-        );
+        self.stats.record(Op::Delete, Outcome::of(&result));
         result
     }
 
@@ -366,14 +359,7 @@ impl Store {
             self.full_key(prefix)?
         };
         let result = self.backend.list(&full).await;
-        self.stats.record(
-            Op::List,
-            if result.is_ok() {
-                Outcome::Ok
-            } else {
-                Outcome::Error
-            },
-        );
+        self.stats.record(Op::List, Outcome::of(&result));
         let strip = if self.prefix.is_empty() {
             0
         } else {

@@ -27,6 +27,14 @@ impl Outcome {
         Outcome::Error,
     ];
 
+    /// `Ok` or `Error`, for operations that cannot conflict or miss.
+    pub fn of<T, E>(result: &Result<T, E>) -> Outcome {
+        match result {
+            Ok(_) => Outcome::Ok,
+            Err(_) => Outcome::Error,
+        }
+    }
+
     /// A stable lowercase name, for metrics labels.
     pub fn as_str(self) -> &'static str {
         match self {
