@@ -6,3 +6,17 @@ mod suite;
 
 primitive_suite!(common::Kind::S3);
 server_races!(common::Kind::S3);
+
+#[tokio::test]
+async fn a_missing_bucket_fails_the_probe_with_a_clear_error() {
+    common::required_env("COJOB_TEST_S3_URL");
+    let store = cojob::Store::open("s3://cojob-no-such-bucket/p")
+        .await
+        .unwrap();
+    let err = store.verify_conditional_writes().await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("cojob-no-such-bucket") || text.contains("NoSuchBucket"),
+        "{text}"
+    );
+}
