@@ -9,7 +9,7 @@
 //!
 //! | URL | backend |
 //! |---|---|
-//! | `memory://` | in-process memory (`object_store::memory::InMemory`) |
+//! | `memory://` | in-process memory (`object_store::memory::InMemory`); each `open` is a new, empty store |
 //! | `file:///dir` | our own local-directory backend ([`DirBackend`]) with `link` and `flock` |
 //! | `s3://bucket/prefix` | Amazon S3 or a compatible server; honours the `AWS_*` environment variables, among them `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP=true` for a local server |
 //! | `gs://bucket/prefix` | Google Cloud Storage; `GOOGLE_*` variables |
