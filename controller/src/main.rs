@@ -1,6 +1,54 @@
 //! `cojob`: the operator binary. The controller, sidecar and CRD subcommands arrive with the
-//! operator; for now it reports its version.
+//! operator (issue 4); today it offers `version` and `probe-store`, and the hidden test helper
+//! `smoke-sidecar` that the cluster smoke test runs as a native sidecar.
 
-fn main() {
-    println!("cojob {}", env!("CARGO_PKG_VERSION"));
+mod smoke;
+
+use clap::{Parser, Subcommand};
+
+/// Exactly-once Kubernetes jobs, coordinated through an object-storage bucket.
+#[derive(Debug, Parser)]
+#[command(name = "cojob", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Prints the version.
+    Version,
+    /// Checks that a bucket honours conditional writes (the start-up probe).
+    ProbeStore {
+        /// The store URL, e.g. s3://bucket/prefix (credentials from the environment).
+        #[arg(long, env = "COJOB_BUCKET")]
+        bucket: String,
+    },
+    /// Test helper: writes `<key>/started`, waits for SIGTERM, writes `<key>/stopped`.
+    #[command(hide = true)]
+    SmokeSidecar(smoke::Args),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Version => {
+            println!("cojob {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Command::ProbeStore { bucket } => {
+            let store = cojob::Store::open(&bucket).await?;
+            store.verify_conditional_writes().await?;
+            println!("{}: conditional writes verified", store.description());
+            Ok(())
+        }
+        Command::SmokeSidecar(args) => smoke::run(args).await,
+    }
 }
