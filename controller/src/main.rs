@@ -1,6 +1,6 @@
-//! `cojob`: the operator binary. The controller, sidecar and CRD subcommands arrive with the
-//! operator (issue 4); today it offers `version` and `probe-store`, and the hidden test helper
-//! `smoke-sidecar` that the cluster smoke test runs as a native sidecar.
+//! `cojob`: the operator binary. Today it offers `version`, `crd` and `probe-store`, and the
+//! hidden test helper `smoke-sidecar` that the cluster smoke test runs as a native sidecar; the
+//! `controller` and `sidecar` subcommands arrive with the reconcile loop.
 
 mod smoke;
 
@@ -18,6 +18,8 @@ struct Cli {
 enum Command {
     /// Prints the version.
     Version,
+    /// Prints the CoordinatedJob CRD as YAML.
+    Crd,
     /// Checks that a bucket honours conditional writes (the start-up probe).
     ProbeStore {
         /// The store URL, e.g. s3://bucket/prefix (credentials from the environment).
@@ -41,6 +43,10 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Version => {
             println!("cojob {}", env!("CARGO_PKG_VERSION"));
+            Ok(())
+        }
+        Command::Crd => {
+            print!("{}", cojob_controller::crd::crd_yaml()?);
             Ok(())
         }
         Command::ProbeStore { bucket } => {

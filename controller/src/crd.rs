@@ -1,0 +1,316 @@
+//! The `CoordinatedJob` resource (`cojob.dev/v1alpha1`, short name `cojob`).
+//!
+//! The CRD is generated from these types (`cojob crd`, checked into `crds/`). Bad specs are
+//! rejected at apply time by the schema and CEL rules: a cron expression that is not 5 fields
+//! (or 6 with leading seconds), a time zone that is not an IANA name (an enum of every name
+//! `chrono-tz` knows), a non-positive lease ttl, values outside their enums, and a template with
+//! no container. What the schema cannot judge (a field that parses as 5 fields but is not cron)
+//! is reported by the controller through a `False` condition and an Event.
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A job that runs exactly once per schedule tick (or once, without a schedule), coordinated
+/// through conditional writes in an object-storage bucket.
+// Each printcolumn(...) repeats `type_ = …`; clippy reads them as duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "cojob.dev",
+    version = "v1alpha1",
+    kind = "CoordinatedJob",
+    plural = "coordinatedjobs",
+    shortname = "cojob",
+    namespaced,
+    status = "CoordinatedJobStatus",
+    derive = "PartialEq",
+    doc = "A job that runs exactly once per schedule tick, fenced through an object-storage bucket",
+    printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
+    printcolumn(
+        name = "Time Zone",
+        type_ = "string",
+        json_path = ".spec.timeZone",
+        priority = "1"
+    ),
+    printcolumn(name = "Suspend", type_ = "boolean", json_path = ".spec.suspend"),
+    printcolumn(
+        name = "Active",
+        type_ = "integer",
+        json_path = ".status.counters.active"
+    ),
+    printcolumn(
+        name = "Succeeded",
+        type_ = "integer",
+        json_path = ".status.counters.succeeded"
+    ),
+    printcolumn(
+        name = "Failed",
+        type_ = "integer",
+        json_path = ".status.counters.failed"
+    ),
+    printcolumn(
+        name = "Last Schedule",
+        type_ = "date",
+        json_path = ".status.lastScheduleTime"
+    ),
+    printcolumn(
+        name = "Next Schedule",
+        type_ = "date",
+        json_path = ".status.nextScheduleTime",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CoordinatedJobSpec {
+    /// A cron expression: 5 fields (minute hour day-of-month month day-of-week), or 6 with
+    /// leading seconds. Absent: one run per object, like a Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    #[x_kube(validation = Rule::new(r"self.matches('^\\s*\\S+(\\s+\\S+){4,5}\\s*$')")
+        .message("schedule must have 5 fields (minute hour day month weekday) or 6 with leading seconds"))]
+    pub schedule: Option<String>,
+
+    /// The IANA time zone the schedule is read in, like `Europe/Paris` (default `UTC`).
+    /// Daylight-saving gaps and folds are handled: see the `schedule` module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_zone_schema")]
+    pub time_zone: Option<String>,
+
+    /// A tick seen later than this after its time is recorded as missed, never run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("startingDeadlineSeconds must not be negative"))]
+    pub starting_deadline_seconds: Option<i64>,
+
+    /// What to do with ticks that fell due while the controller was down.
+    #[serde(default)]
+    pub catch_up: CatchUpPolicy,
+
+    /// Whether runs of consecutive ticks may overlap.
+    #[serde(default)]
+    pub concurrency_policy: ConcurrencyPolicy,
+
+    /// Suspends scheduling: due ticks are recorded as skipped; active runs continue.
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// The lease that fences each run's pod.
+    #[serde(default)]
+    pub lease: LeaseSpec,
+
+    /// How many attempts a run gets (after a failure or a lost lease), each under a new epoch.
+    #[serde(default = "default_max_attempts")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("maxAttempts must be between 1 and 100"))]
+    pub max_attempts: i32,
+
+    /// How long one attempt may run before it is stopped and counted as failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self > 0").message("activeDeadlineSeconds must be positive"))]
+    pub active_deadline_seconds: Option<i64>,
+
+    /// How many succeeded runs `status.recent` keeps.
+    #[serde(default = "default_successful_history")]
+    #[x_kube(validation = Rule::new("self >= 0"))]
+    pub successful_runs_history_limit: i32,
+
+    /// How many failed runs `status.recent` keeps.
+    #[serde(default = "default_failed_history")]
+    #[x_kube(validation = Rule::new("self >= 0"))]
+    pub failed_runs_history_limit: i32,
+
+    /// The pod to run.
+    #[x_kube(validation = Rule::new("has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0")
+        .message("template must have at least one container"))]
+    pub template: PodTemplateSpec,
+}
+
+fn default_max_attempts() -> i32 {
+    3
+}
+fn default_successful_history() -> i32 {
+    3
+}
+fn default_failed_history() -> i32 {
+    1
+}
+
+/// Every IANA time zone name, as a schema enum, so an unknown zone is refused at apply time.
+fn time_zone_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let names: Vec<&str> = chrono_tz::TZ_VARIANTS.iter().map(|tz| tz.name()).collect();
+    schemars::json_schema!({
+        "type": "string",
+        "description": "An IANA time zone name, like Europe/Paris (default UTC).",
+        "enum": names,
+    })
+}
+
+/// What to do with ticks that fell due while nobody was scheduling.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CatchUpPolicy {
+    /// Run the most recent due tick; record older ones as missed.
+    #[default]
+    Latest,
+    /// Run every due tick within `startingDeadlineSeconds`, oldest first.
+    All,
+    /// Run only ticks seen within a minute of their time.
+    None,
+}
+
+/// Whether runs may overlap.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ConcurrencyPolicy {
+    /// Runs may overlap.
+    Allow,
+    /// A tick that falls due while a run is active is recorded as skipped.
+    #[default]
+    Forbid,
+    /// A tick that falls due while a run is active cancels that run and starts its own.
+    Replace,
+}
+
+/// The lease of each run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseSpec {
+    /// How long a lease holds without renewal; the sidecar renews every third of it.
+    #[serde(default = "default_ttl")]
+    #[x_kube(validation = Rule::new("self > 0").message("lease.ttlSeconds must be greater than 0"))]
+    pub ttl_seconds: i64,
+}
+
+fn default_ttl() -> i64 {
+    60
+}
+
+impl Default for LeaseSpec {
+    fn default() -> Self {
+        LeaseSpec {
+            ttl_seconds: default_ttl(),
+        }
+    }
+}
+
+/// What the controller last observed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoordinatedJobStatus {
+    /// `Ready`, `ScheduleValid`, `StoreAvailable`, …
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The newest tick decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_schedule_time: Option<Time>,
+    /// The next tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_schedule_time: Option<Time>,
+    /// Runs not yet finished.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active: Vec<RunStatus>,
+    /// Finished runs, newest first, within the history limits.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent: Vec<RunStatus>,
+    /// Counts of runs and decisions since the object was created.
+    #[serde(default)]
+    pub counters: RunCounters,
+}
+
+/// One run of a tick.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunStatus {
+    /// The run's deterministic id.
+    pub run_id: String,
+    /// The tick (fire time, RFC 3339 UTC), or `once` for an unscheduled job.
+    pub tick: String,
+    /// The lease epoch of the current attempt.
+    pub epoch: i64,
+    /// The attempt number, from 1.
+    pub attempt: i32,
+    /// The pod of the current attempt, `<runId>-<epoch>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// pending, running, succeeded, failed or cancelled.
+    pub phase: String,
+}
+
+/// Counters of runs and tick decisions.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunCounters {
+    /// Runs not yet finished.
+    #[serde(default)]
+    pub active: i64,
+    /// Runs that succeeded.
+    #[serde(default)]
+    pub succeeded: i64,
+    /// Runs that failed after their last attempt.
+    #[serde(default)]
+    pub failed: i64,
+    /// Ticks skipped (suspended, or Forbid while active).
+    #[serde(default)]
+    pub skipped: i64,
+    /// Ticks missed (late past the deadline, or superseded).
+    #[serde(default)]
+    pub missed: i64,
+}
+
+/// The CRD as YAML, exactly as `crds/coordinatedjob.yaml` holds it.
+pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+    let body = serde_yaml::to_string(&CoordinatedJob::crd())?;
+    Ok(format!(
+        "# Generated by `cojob crd` from controller/src/crd.rs; do not edit by hand.\n{body}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crds_directory_matches_the_rust_types() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/coordinatedjob.yaml");
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            on_disk == crd_yaml().unwrap(),
+            "crds/coordinatedjob.yaml is out of date: run `cargo run -p cojob-controller -- crd > crds/coordinatedjob.yaml`"
+        );
+    }
+
+    #[test]
+    fn defaults_fill_an_almost_empty_spec() {
+        let spec: CoordinatedJobSpec = serde_json::from_value(serde_json::json!({
+            "template": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+        }))
+        .unwrap();
+        assert_eq!(spec.max_attempts, 3);
+        assert_eq!(spec.lease.ttl_seconds, 60);
+        assert_eq!(spec.catch_up, CatchUpPolicy::Latest);
+        assert_eq!(spec.concurrency_policy, ConcurrencyPolicy::Forbid);
+        assert!(spec.schedule.is_none());
+    }
+
+    #[test]
+    fn schema_carries_the_apply_time_checks() {
+        let crd = serde_json::to_string(&CoordinatedJob::crd()).unwrap();
+        for needle in [
+            "Europe/Paris",
+            "lease.ttlSeconds must be greater than 0",
+            "template must have at least one container",
+            "schedule must have 5 fields",
+            "\"Forbid\"",
+            "\"cojob\"",
+        ] {
+            assert!(crd.contains(needle), "the CRD lacks {needle}");
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! The CoordinatedJob CRD on a real apiserver: it installs, and bad specs are rejected at apply
+//! time with a readable message (schema and CEL), while a good one is accepted.
+
+use cojob_e2e::{TestNamespace, client};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+const CRD: &str = include_str!("../../crds/coordinatedjob.yaml");
+
+async fn install_crd(client: &kube::Client) {
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(CRD).expect("crds/coordinatedjob.yaml parses");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap();
+    crds.patch(
+        &name,
+        &PatchParams::apply("cojob-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("the apiserver accepts the CRD");
+    for _ in 0..60 {
+        let c = crds.get(&name).await.unwrap();
+        let established = c
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("CRD {name} not established");
+}
+
+fn spec(patch: Value) -> Value {
+    let mut spec = json!({
+        "schedule": "*/10 * * * * *",
+        "timeZone": "Europe/Paris",
+        "lease": {"ttlSeconds": 30},
+        "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox"}]}}
+    });
+    if let (Value::Object(base), Value::Object(p)) = (&mut spec, patch) {
+        base.extend(p);
+    }
+    spec
+}
+
+#[tokio::test]
+async fn invalid_specs_are_rejected_at_apply_time() {
+    let client = client().await;
+    install_crd(&client).await;
+    let ns = TestNamespace::create(&client, "crd").await;
+    let gvk = GroupVersionKind::gvk("cojob.dev", "v1alpha1", "CoordinatedJob");
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns.name, &ApiResource::from_gvk(&gvk));
+    let create = |name: &str, spec: Value| {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cojob.dev/v1alpha1", "kind": "CoordinatedJob",
+            "metadata": {"name": name}, "spec": spec
+        }))
+        .unwrap();
+        let api = api.clone();
+        async move {
+            api.create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &obj,
+            )
+            .await
+        }
+    };
+
+    create("good", spec(json!({})))
+        .await
+        .expect("a valid spec is accepted");
+    create("once", spec(json!({"schedule": null})))
+        .await
+        .expect("no schedule: one run");
+
+    let cases = [
+        (
+            "bad-cron",
+            json!({"schedule": "* * *"}),
+            "schedule must have 5 fields",
+        ),
+        (
+            "seven-fields",
+            json!({"schedule": "0 0 0 * * * 2026"}),
+            "schedule must have 5 fields",
+        ),
+        (
+            "bad-zone",
+            json!({"timeZone": "Mars/Olympus"}),
+            "spec.timeZone: Unsupported value: \"Mars/Olympus\"",
+        ),
+        (
+            "zero-ttl",
+            json!({"lease": {"ttlSeconds": 0}}),
+            "lease.ttlSeconds must be greater than 0",
+        ),
+        (
+            "bad-catchup",
+            json!({"catchUp": "Sometimes"}),
+            "spec.catchUp: Unsupported value: \"Sometimes\"",
+        ),
+        (
+            "bad-policy",
+            json!({"concurrencyPolicy": "Maybe"}),
+            "spec.concurrencyPolicy: Unsupported value",
+        ),
+        (
+            "no-container",
+            json!({"template": {"spec": {"containers": []}}}),
+            "template must have at least one container",
+        ),
+        (
+            "no-attempts",
+            json!({"maxAttempts": 0}),
+            "maxAttempts must be between 1 and 100",
+        ),
+    ];
+    for (name, patch, expected) in cases {
+        let err = create(name, spec(patch)).await.expect_err(name);
+        let text = err.to_string();
+        assert!(
+            text.contains(expected),
+            "{name}: expected {expected:?} in: {text}"
+        );
+        assert!(text.contains("Invalid"), "{name}: {text}");
+    }
+    ns.cleanup().await;
+}
