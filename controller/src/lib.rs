@@ -1,8 +1,9 @@
 //! The cojob operator: the `CoordinatedJob` resource and the logic that turns its schedule into
 //! exactly-once runs. The binary `cojob` (in `main.rs`) is its command line.
 //!
-//! Modules land one concept at a time: [`schedule`] (tick computation) and [`crd`] (the
-//! resource) today; reconcile, pod, sweeper and sidecar next.
+//! Modules land one concept at a time: [`schedule`] (tick computation), [`crd`] (the
+//! resource) and [`pod`] (a run's pod) today; reconcile, sweeper and sidecar next.
 
 pub mod crd;
+pub mod pod;
 pub mod schedule;

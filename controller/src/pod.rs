@@ -1,0 +1,322 @@
+//! Building a run's pod: the user's template plus the run's identity, a shared volume and the
+//! native lease sidecar.
+//!
+//! Pure functions of their inputs, so the pod of `(run, epoch)` is always the same object and
+//! its creation is idempotent (a second create gets `AlreadyExists`).
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, EnvVarSource, Pod, SecretKeySelector, SecurityContext, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use std::collections::BTreeMap;
+
+/// The label that names a pod's CoordinatedJob.
+pub const LABEL_JOB: &str = "cojob.dev/job";
+/// The label that names a pod's run.
+pub const LABEL_RUN: &str = "cojob.dev/run";
+/// The label that carries a pod's lease epoch.
+pub const LABEL_EPOCH: &str = "cojob.dev/epoch";
+/// The name of the injected sidecar container.
+pub const SIDECAR_NAME: &str = "cojob-sidecar";
+/// The shared volume, mounted in every container.
+pub const SHARED_VOLUME: &str = "cojob";
+/// Where the shared volume is mounted; `cancel_requested` appears here.
+pub const SHARED_MOUNT: &str = "/var/run/cojob";
+/// The key of the holder in the run's Secret.
+pub const HOLDER_KEY: &str = "holder";
+
+/// Everything that identifies one attempt of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunIdentity {
+    /// The run's deterministic id (a DNS label).
+    pub run_id: String,
+    /// The lease epoch of this attempt.
+    pub epoch: u64,
+    /// The attempt number, from 1.
+    pub attempt: u32,
+    /// The tick, RFC 3339 UTC, or `once`.
+    pub fire_time: String,
+    /// The lease's key in the bucket.
+    pub lease_key: String,
+}
+
+impl RunIdentity {
+    /// The pod's name: `<runId>-<epoch>`.
+    pub fn pod_name(&self) -> String {
+        format!("{}-{}", self.run_id, self.epoch)
+    }
+
+    /// The name of the Secret that holds this attempt's lease holder.
+    pub fn secret_name(&self) -> String {
+        format!("{}-holder", self.pod_name())
+    }
+}
+
+/// How the sidecar is run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SidecarConfig {
+    /// The cojob image.
+    pub image: String,
+    /// The bucket URL the sidecar opens.
+    pub bucket: String,
+    /// Extra environment for the sidecar (store credentials, endpoints), as given to the
+    /// controller.
+    pub env: Vec<EnvVar>,
+    /// The lease ttl in seconds (the sidecar renews every third of it).
+    pub ttl_seconds: i64,
+}
+
+fn env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+fn run_env(run: &RunIdentity) -> Vec<EnvVar> {
+    vec![
+        env("COJOB_RUN_ID", &run.run_id),
+        env("COJOB_EPOCH", run.epoch.to_string()),
+        env("COJOB_FIRE_TIME", &run.fire_time),
+        env("COJOB_ATTEMPT", run.attempt.to_string()),
+        env("COJOB_LEASE_KEY", &run.lease_key),
+    ]
+}
+
+fn shared_mount() -> VolumeMount {
+    VolumeMount {
+        name: SHARED_VOLUME.into(),
+        mount_path: SHARED_MOUNT.into(),
+        ..VolumeMount::default()
+    }
+}
+
+/// The native sidecar: an init container with `restartPolicy: Always` running `cojob sidecar`,
+/// with the holder from the run's Secret (never a plain env value).
+fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
+    let mut env_vars = run_env(run);
+    env_vars.push(env("COJOB_BUCKET", &cfg.bucket));
+    env_vars.push(env("COJOB_LEASE_TTL_SECONDS", cfg.ttl_seconds.to_string()));
+    env_vars.push(EnvVar {
+        name: "COJOB_HOLDER".into(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: run.secret_name(),
+                key: HOLDER_KEY.into(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    });
+    env_vars.extend(cfg.env.iter().cloned());
+    Container {
+        name: SIDECAR_NAME.into(),
+        image: Some(cfg.image.clone()),
+        args: Some(vec!["sidecar".into()]),
+        restart_policy: Some("Always".into()),
+        env: Some(env_vars),
+        volume_mounts: Some(vec![shared_mount()]),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    }
+}
+
+/// Builds the pod of one attempt from the job's template.
+///
+/// - name `<runId>-<epoch>`, in the job's namespace, owned by the job;
+/// - labels for the job, run and epoch (on top of the template's);
+/// - `COJOB_*` env in every container; the shared volume in every container;
+/// - the sidecar first among the init containers, so it starts before the others;
+/// - `restartPolicy: Never`: a failed attempt is retried under a new epoch, not restarted.
+pub fn build_pod(
+    template: &k8s_openapi::api::core::v1::PodTemplateSpec,
+    namespace: &str,
+    owner: OwnerReference,
+    job_name: &str,
+    run: &RunIdentity,
+    cfg: &SidecarConfig,
+    active_deadline_seconds: Option<i64>,
+) -> Pod {
+    let mut meta = template.metadata.clone().unwrap_or_default();
+    let mut spec = template.spec.clone().unwrap_or_default();
+    meta.name = Some(run.pod_name());
+    meta.generate_name = None;
+    meta.namespace = Some(namespace.into());
+    meta.owner_references = Some(vec![owner]);
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    labels.insert(LABEL_JOB.into(), job_name.into());
+    labels.insert(LABEL_RUN.into(), run.run_id.clone());
+    labels.insert(LABEL_EPOCH.into(), run.epoch.to_string());
+
+    let with_run = |mut c: Container| {
+        let mut e = run_env(run);
+        e.extend(c.env.take().unwrap_or_default());
+        c.env = Some(e);
+        c.volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(shared_mount());
+        c
+    };
+    spec.containers = spec.containers.into_iter().map(with_run).collect();
+    let mut init = vec![sidecar(run, cfg)];
+    init.extend(
+        spec.init_containers
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .map(with_run),
+    );
+    spec.init_containers = Some(init);
+    spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+        name: SHARED_VOLUME.into(),
+        empty_dir: Some(Default::default()),
+        ..Volume::default()
+    });
+    spec.restart_policy = Some("Never".into());
+    if active_deadline_seconds.is_some() {
+        spec.active_deadline_seconds = active_deadline_seconds;
+    }
+    Pod {
+        metadata: meta,
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodTemplateSpec;
+
+    fn template() -> PodTemplateSpec {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"labels": {"app": "etl"}},
+            "spec": {
+                "restartPolicy": "OnFailure",
+                "initContainers": [{"name": "setup", "image": "busybox"}],
+                "containers": [{"name": "main", "image": "etl:1", "env": [{"name": "MODE", "value": "full"}]}]
+            }
+        }))
+        .unwrap()
+    }
+
+    fn run() -> RunIdentity {
+        RunIdentity {
+            run_id: "nightly-1786240800".into(),
+            epoch: 2,
+            attempt: 2,
+            fire_time: "2026-08-09T02:00:00.000000Z".into(),
+            lease_key: "v1/jobs/ns/nightly/runs/nightly-1786240800/lease".into(),
+        }
+    }
+
+    fn build() -> Pod {
+        let owner = OwnerReference {
+            api_version: "cojob.dev/v1alpha1".into(),
+            kind: "CoordinatedJob".into(),
+            name: "nightly".into(),
+            uid: "u-1".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        let cfg = SidecarConfig {
+            image: "localhost/cojob/cojob:dev".into(),
+            bucket: "s3://b/p".into(),
+            env: vec![env("AWS_REGION", "us-east-1")],
+            ttl_seconds: 30,
+        };
+        build_pod(&template(), "ns", owner, "nightly", &run(), &cfg, Some(600))
+    }
+
+    #[test]
+    fn pod_is_named_by_run_and_epoch_and_owned_by_the_job() {
+        let pod = build();
+        assert_eq!(pod.metadata.name.as_deref(), Some("nightly-1786240800-2"));
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("ns"));
+        let labels = pod.metadata.labels.unwrap();
+        assert_eq!(labels["app"], "etl");
+        assert_eq!(labels[LABEL_EPOCH], "2");
+        assert_eq!(
+            pod.metadata.owner_references.unwrap()[0].controller,
+            Some(true)
+        );
+        assert_eq!(build(), build(), "the same inputs give the same pod");
+    }
+
+    #[test]
+    fn sidecar_is_a_native_sidecar_that_starts_first() {
+        let spec = build().spec.unwrap();
+        let init = spec.init_containers.unwrap();
+        assert_eq!(init[0].name, SIDECAR_NAME);
+        assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+        assert_eq!(init[1].name, "setup");
+        let sc = init[0].security_context.clone().unwrap();
+        assert_eq!(
+            (sc.run_as_non_root, sc.read_only_root_filesystem),
+            (Some(true), Some(true))
+        );
+        let env = init[0].env.clone().unwrap();
+        let holder = env.iter().find(|e| e.name == "COJOB_HOLDER").unwrap();
+        assert!(
+            holder.value.is_none(),
+            "the holder is never a plain env value"
+        );
+        let secret = holder.value_from.clone().unwrap().secret_key_ref.unwrap();
+        assert_eq!(secret.name, "nightly-1786240800-2-holder");
+        assert!(env.iter().any(|e| e.name == "AWS_REGION"));
+    }
+
+    #[test]
+    fn every_container_gets_the_run_env_and_the_shared_volume() {
+        let spec = build().spec.unwrap();
+        let main = &spec.containers[0];
+        let names: Vec<&str> = main
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        for var in [
+            "COJOB_RUN_ID",
+            "COJOB_EPOCH",
+            "COJOB_FIRE_TIME",
+            "COJOB_ATTEMPT",
+            "COJOB_LEASE_KEY",
+            "MODE",
+        ] {
+            assert!(names.contains(&var), "{var} missing: {names:?}");
+        }
+        let epoch = main
+            .env
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|e| e.name == "COJOB_EPOCH")
+            .unwrap();
+        assert_eq!(epoch.value.as_deref(), Some("2"));
+        assert_eq!(
+            main.volume_mounts.as_ref().unwrap()[0].mount_path,
+            SHARED_MOUNT
+        );
+        assert_eq!(spec.volumes.unwrap()[0].name, SHARED_VOLUME);
+        assert_eq!(
+            spec.restart_policy.as_deref(),
+            Some("Never"),
+            "attempts are retried by epoch"
+        );
+        assert_eq!(spec.active_deadline_seconds, Some(600));
+    }
+}
