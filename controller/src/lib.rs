@@ -2,8 +2,10 @@
 //! exactly-once runs. The binary `cojob` (in `main.rs`) is its command line.
 //!
 //! Modules land one concept at a time: [`schedule`] (tick computation), [`crd`] (the
-//! resource) and [`pod`] (a run's pod) today; reconcile, sweeper and sidecar next.
+//! resource), [`pod`] (a run's pod) and [`sidecar`] (the lease keeper) today; reconcile and the
+//! sweeper next.
 
 pub mod crd;
 pub mod pod;
 pub mod schedule;
+pub mod sidecar;

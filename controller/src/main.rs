@@ -1,4 +1,4 @@
-//! `cojob`: the operator binary. Today it offers `version`, `crd` and `probe-store`, and the
+//! `cojob`: the operator binary. Today it offers `version`, `crd`, `probe-store` and `sidecar`, and the
 //! hidden test helper `smoke-sidecar` that the cluster smoke test runs as a native sidecar; the
 //! `controller` and `sidecar` subcommands arrive with the reconcile loop.
 
@@ -26,9 +26,28 @@ enum Command {
         #[arg(long, env = "COJOB_BUCKET")]
         bucket: String,
     },
+    /// Keeps a run's lease alive from inside its pod (the injected native sidecar).
+    Sidecar(cojob_controller::sidecar::Args),
     /// Test helper: writes `<key>/started`, waits for SIGTERM, writes `<key>/stopped`.
     #[command(hide = true)]
     SmokeSidecar(smoke::Args),
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+        }
+        _ => std::future::pending().await,
+    }
 }
 
 #[tokio::main]
@@ -54,6 +73,10 @@ async fn main() -> anyhow::Result<()> {
             store.verify_conditional_writes().await?;
             println!("{}: conditional writes verified", store.description());
             Ok(())
+        }
+        Command::Sidecar(args) => {
+            let outcome = cojob_controller::sidecar::run(args, shutdown_signal()).await?;
+            std::process::exit(outcome.exit_code());
         }
         Command::SmokeSidecar(args) => smoke::run(args).await,
     }

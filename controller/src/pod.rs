@@ -99,6 +99,22 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
     let mut env_vars = run_env(run);
     env_vars.push(env("COJOB_BUCKET", &cfg.bucket));
     env_vars.push(env("COJOB_LEASE_TTL_SECONDS", cfg.ttl_seconds.to_string()));
+    for (name, path) in [
+        ("POD_NAME", "metadata.name"),
+        ("NODE_NAME", "spec.nodeName"),
+    ] {
+        env_vars.push(EnvVar {
+            name: name.into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                    field_path: path.into(),
+                    ..Default::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        });
+    }
     env_vars.push(EnvVar {
         name: "COJOB_HOLDER".into(),
         value_from: Some(EnvVarSource {

@@ -1,0 +1,156 @@
+//! `cojob sidecar`: keeps a run's lease alive from inside the run's pod.
+//!
+//! It attaches to the lease with the holder from the run's Secret, records `running` with the
+//! pod and node, and renews every ttl/3. It shows the run's state to the workload as files in
+//! the shared volume:
+//!
+//! - `cancel_requested` appears when someone asked, by a cooperative write, for the run to stop;
+//! - `lease_lost` appears when the lease was lost (fenced by a newer epoch, released or deleted),
+//!   with the reason. The sidecar then stops renewing and exits with [`EXIT_LEASE_LOST`].
+//!
+//! On SIGTERM (the kubelet stops native sidecars after the workload ends) it exits 0 without
+//! releasing: the controller releases the lease with the pod's final state.
+
+use cojob::{Db, Error};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Exit code when the lease was lost.
+pub const EXIT_LEASE_LOST: i32 = 2;
+/// Exit code when the lease could not be attached (absent, released, foreign or expired).
+pub const EXIT_NOT_ATTACHED: i32 = 3;
+
+/// Arguments of `cojob sidecar`; the pod builder sets them through the environment. `Debug`
+/// hides the holder.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The store URL.
+    #[arg(long, env = "COJOB_BUCKET")]
+    bucket: String,
+    /// The run's lease key.
+    #[arg(long, env = "COJOB_LEASE_KEY")]
+    lease_key: String,
+    /// The lease holder (a credential, from the run's Secret).
+    #[arg(long, env = "COJOB_HOLDER", hide_env_values = true)]
+    holder: String,
+    /// The lease ttl in seconds; renewal runs every third of it.
+    #[arg(long, env = "COJOB_LEASE_TTL_SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    ttl_seconds: u64,
+    /// The shared volume where the status files appear.
+    #[arg(long, env = "COJOB_SHARED_DIR", default_value = crate::pod::SHARED_MOUNT)]
+    shared_dir: PathBuf,
+    /// The pod's name (downward API).
+    #[arg(long, env = "POD_NAME")]
+    pod: Option<String>,
+    /// The node's name (downward API).
+    #[arg(long, env = "NODE_NAME")]
+    node: Option<String>,
+}
+
+impl std::fmt::Debug for Args {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Args")
+            .field("bucket", &self.bucket)
+            .field("lease_key", &self.lease_key)
+            .field("holder", &"<redacted>")
+            .field("ttl_seconds", &self.ttl_seconds)
+            .field("shared_dir", &self.shared_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the sidecar ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stopped by a signal; the lease is left for the controller to release.
+    Stopped,
+    /// The lease was lost; the workload must discard its outcome.
+    LeaseLost,
+    /// The lease could not be attached.
+    NotAttached,
+}
+
+impl Outcome {
+    /// The process exit code.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Outcome::Stopped => 0,
+            Outcome::LeaseLost => EXIT_LEASE_LOST,
+            Outcome::NotAttached => EXIT_NOT_ATTACHED,
+        }
+    }
+}
+
+fn mark(dir: &Path, name: &str, content: &str) {
+    if let Err(e) = std::fs::write(dir.join(name), content) {
+        tracing::warn!(file = name, error = %e, "could not write a status file");
+    }
+}
+
+fn show_cancel(dir: &Path, state: &serde_json::Value) {
+    if state["cancel_requested"] == json!(true) && !dir.join("cancel_requested").exists() {
+        tracing::info!("cancel requested");
+        mark(dir, "cancel_requested", "true\n");
+    }
+}
+
+/// Runs the sidecar until `shutdown` resolves or the lease is lost.
+pub async fn run(
+    args: Args,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Outcome> {
+    let ttl = Duration::from_secs(args.ttl_seconds);
+    let db = Db::open(&args.bucket).await?;
+    let dir = args.shared_dir.as_path();
+    let Some(mut lease) = db.attach_lease(&args.lease_key, &args.holder, ttl).await? else {
+        tracing::error!(
+            key = args.lease_key,
+            "the lease is absent, released, held by another or expired"
+        );
+        mark(dir, "lease_lost", "not attached\n");
+        return Ok(Outcome::NotAttached);
+    };
+    let started = cojob::json::format_time(chrono::Utc::now());
+    let (pod, node) = (args.pod.clone(), args.node.clone());
+    let first = lease
+        .update_state(|s| {
+            cojob::lease::merge(
+                s,
+                json!({"status": "running", "pod": pod, "node": node, "started_at": started}),
+            )
+        })
+        .await;
+    tracing::info!(
+        key = args.lease_key,
+        epoch = lease.epoch(),
+        "sidecar attached"
+    );
+    tokio::pin!(shutdown);
+    let mut result = first;
+    loop {
+        // After a failed renewal, retry sooner, so a passing store outage does not cost the lease.
+        let pause = if result.is_ok() {
+            ttl / 3
+        } else {
+            (ttl / 3).min(Duration::from_secs(1))
+        };
+        match result {
+            Ok(()) => show_cancel(dir, lease.state()),
+            Err(Error::LeaseLost { reason, .. }) => {
+                tracing::warn!(key = args.lease_key, %reason, "lease lost; stopping renewal");
+                mark(dir, "lease_lost", &format!("{reason}\n"));
+                return Ok(Outcome::LeaseLost);
+            }
+            Err(e) => tracing::warn!(key = args.lease_key, error = %e, "renewal failed; retrying"),
+        }
+        tokio::select! {
+            () = &mut shutdown => {
+                tracing::info!("stopping on signal; the controller releases the lease");
+                return Ok(Outcome::Stopped);
+            }
+            () = tokio::time::sleep(pause) => {}
+        }
+        result = lease.renew().await;
+    }
+}
