@@ -20,11 +20,6 @@ pub fn to_canonical(value: &Value) -> Vec<u8> {
     serde_json::to_vec(&Canonical(value)).unwrap_or_default()
 }
 
-/// Serializes any `Serialize` value as canonical JSON bytes.
-pub fn to_canonical_value<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Vec<u8>> {
-    Ok(to_canonical(&serde_json::to_value(value)?))
-}
-
 struct Canonical<'a>(&'a Value);
 
 impl Serialize for Canonical<'_> {

@@ -48,24 +48,6 @@ async fn claim_race(db: Db) {
     }
 }
 
-async fn increment_race(db: Db) {
-    let tasks: Vec<_> = (0..WRITERS)
-        .map(|_| {
-            let doc = db.doc::<u64>("counter").max_attempts(1000);
-            tokio::spawn(async move {
-                for _ in 0..INCREMENTS {
-                    doc.update(|n| n + 1, Some(0)).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let (total, _) = db.doc::<u64>("counter").get().await.unwrap().unwrap();
-    assert_eq!(total, WRITERS * INCREMENTS, "no increment lost or doubled");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_claimers_one_winner() {
     for (name, store, _dir) in stores().await {
@@ -78,7 +60,7 @@ async fn thirty_two_claimers_one_winner() {
 async fn sixteen_writers_exact_total() {
     for (name, store, _dir) in stores().await {
         eprintln!("{name}");
-        increment_race(Db::new(store)).await;
+        common::concurrent_increments(&Db::new(store), WRITERS, INCREMENTS, 1000).await;
     }
 }
 

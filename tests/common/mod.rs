@@ -213,3 +213,23 @@ impl Rig {
         }
     }
 }
+
+/// `writers` tasks each make `increments` `doc.update` increments of one counter (each update
+/// allowed `max_attempts` rounds); the total must be exact: no increment lost or doubled.
+pub async fn concurrent_increments(db: &Db, writers: u64, increments: u64, max_attempts: u32) {
+    let tasks: Vec<_> = (0..writers)
+        .map(|_| {
+            let doc = db.doc::<u64>("counter").max_attempts(max_attempts);
+            tokio::spawn(async move {
+                for _ in 0..increments {
+                    doc.update(|n| n + 1, Some(0)).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (total, _) = db.doc::<u64>("counter").get().await.unwrap().unwrap();
+    assert_eq!(total, writers * increments, "no increment lost or doubled");
+}

@@ -102,22 +102,7 @@ pub async fn library_under_contention(kind: Kind) {
         .filter(|w| *w.as_ref().unwrap())
         .count();
     assert_eq!(wins, 1);
-    let (writers, increments) = (8u64, 10u64);
-    let tasks: Vec<_> = (0..writers)
-        .map(|_| {
-            let doc = db.doc::<u64>("counter").max_attempts(500);
-            tokio::spawn(async move {
-                for _ in 0..increments {
-                    doc.update(|n| n + 1, Some(0)).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let (n, _) = db.doc::<u64>("counter").get().await.unwrap().unwrap();
-    assert_eq!(n, writers * increments);
+    crate::common::concurrent_increments(&db, 8, 10, 500).await;
 }
 
 /// Instantiates the server race tests for one kind.

@@ -745,21 +745,31 @@ struct Counter {
     n: u64,
 }
 
+/// An update function that adds `n` to a counter.
+fn add(n: u64) -> impl FnMut(Counter) -> Counter {
+    move |mut c| {
+        c.n += n;
+        c
+    }
+}
+
+/// Queues `times` rival increments by `n` of the counter at `key`, each just before the next put
+/// of the code under test.
+fn rival_adds(r: &Rig, key: &str, times: usize, n: u64) {
+    for _ in 0..times {
+        let rival = r.rival.doc::<Counter>(key);
+        r.race.before_next_put(move || async move {
+            rival.update(add(n), None).await.unwrap();
+        });
+    }
+}
+
 pub async fn doc_create_get_delete(r: Rig) {
     let d = r.db.doc::<Counter>("d");
     assert!(d.get().await.unwrap().is_none());
     let err = d.update(|c| c, None).await.unwrap_err();
     assert!(matches!(err, Error::NotFound { .. }), "{err}");
-    let (v, ver) = d
-        .update(
-            |mut c| {
-                c.n += 1;
-                c
-            },
-            Some(Counter::default()),
-        )
-        .await
-        .unwrap();
+    let (v, ver) = d.update(add(1), Some(Counter::default())).await.unwrap();
     assert_eq!(v, Counter { n: 1 });
     let (got, got_ver) = d.get().await.unwrap().unwrap();
     assert_eq!((got, got_ver), (Counter { n: 1 }, ver));
@@ -772,21 +782,7 @@ pub async fn doc_create_get_delete(r: Rig) {
 pub async fn doc_update_retries_lost_races(r: Rig) {
     let d = r.db.doc::<Counter>("d");
     d.update(|c| c, Some(Counter::default())).await.unwrap();
-    for _ in 0..3 {
-        let rival = r.rival.doc::<Counter>("d");
-        r.race.before_next_put(move || async move {
-            rival
-                .update(
-                    |mut c| {
-                        c.n += 10;
-                        c
-                    },
-                    None,
-                )
-                .await
-                .unwrap();
-        });
-    }
+    rival_adds(&r, "d", 3, 10);
     let calls = std::sync::atomic::AtomicU32::new(0);
     let (v, _) = d
         .update(
@@ -807,31 +803,8 @@ pub async fn doc_update_retries_lost_races(r: Rig) {
 pub async fn doc_gives_up_after_max_attempts(r: Rig) {
     let d = r.db.doc::<Counter>("d").max_attempts(2);
     d.update(|c| c, Some(Counter::default())).await.unwrap();
-    for _ in 0..2 {
-        let rival = r.rival.doc::<Counter>("d");
-        r.race.before_next_put(move || async move {
-            rival
-                .update(
-                    |mut c| {
-                        c.n += 1;
-                        c
-                    },
-                    None,
-                )
-                .await
-                .unwrap();
-        });
-    }
-    let err = d
-        .update(
-            |mut c| {
-                c.n += 100;
-                c
-            },
-            None,
-        )
-        .await
-        .unwrap_err();
+    rival_adds(&r, "d", 2, 1);
+    let err = d.update(add(100), None).await.unwrap_err();
     assert!(
         matches!(err, Error::Contention { attempts: 2, .. }),
         "{err}"
@@ -870,35 +843,11 @@ pub async fn doc_refuses_foreign_documents(r: Rig) {
 pub async fn doc_ambiguous_write_is_not_applied_twice(r: Rig) {
     let d = r.db.doc::<Counter>("d");
     r.race.lie_on_next_put(Lie::Conflict);
-    d.update(
-        |mut c| {
-            c.n += 1;
-            c
-        },
-        Some(Counter::default()),
-    )
-    .await
-    .unwrap();
+    d.update(add(1), Some(Counter::default())).await.unwrap();
     r.race.lie_on_next_put(Lie::Error);
-    d.update(
-        |mut c| {
-            c.n += 1;
-            c
-        },
-        None,
-    )
-    .await
-    .unwrap();
+    d.update(add(1), None).await.unwrap();
     r.race.lie_on_next_put(Lie::Conflict);
-    d.update(
-        |mut c| {
-            c.n += 1;
-            c
-        },
-        None,
-    )
-    .await
-    .unwrap();
+    d.update(add(1), None).await.unwrap();
     assert_eq!(
         d.get().await.unwrap().unwrap().0.n,
         3,
@@ -940,15 +889,7 @@ pub async fn store_counts_minimal_requests(r: Rig) {
     let d = r.db.doc::<Counter>("m/d");
     d.update(|c| c, Some(Counter::default())).await.unwrap();
     let b = s.stats();
-    d.update(
-        |mut c| {
-            c.n += 1;
-            c
-        },
-        None,
-    )
-    .await
-    .unwrap();
+    d.update(add(1), None).await.unwrap();
     let u = measure(b);
     assert_eq!(
         (u.gets(), u.puts(), u.total()),
