@@ -157,6 +157,52 @@ impl LeaseDoc {
     }
 }
 
+/// A read-only view of a stored lease, from [`Db::inspect_lease`]: what a sweeper needs to
+/// decide whether a lease is held, released or expired, without acquiring it.
+///
+/// Its holder string is a credential and is never printed by `Debug`.
+#[derive(Clone, PartialEq)]
+pub struct LeaseInfo {
+    /// The fencing epoch of the current (or last) ownership period.
+    pub epoch: u64,
+    /// The holder, or `None` after a release.
+    pub holder: Option<String>,
+    /// When the current ownership period ends unless renewed.
+    pub deadline: DateTime<Utc>,
+    /// The application state.
+    pub state: Value,
+    /// The stored version.
+    pub version: Version,
+}
+
+impl LeaseInfo {
+    /// True once released (no holder).
+    pub fn is_released(&self) -> bool {
+        self.holder.is_none()
+    }
+
+    /// True when held and the deadline is at or before `now` (expiry is inclusive).
+    pub fn is_expired_at(&self, now: DateTime<Utc>) -> bool {
+        self.holder.is_some() && now >= self.deadline
+    }
+
+    /// True when `holder` holds it (expired or not).
+    pub fn is_held_by(&self, holder: &str) -> bool {
+        self.holder.as_deref() == Some(holder)
+    }
+}
+
+impl fmt::Debug for LeaseInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseInfo")
+            .field("epoch", &self.epoch)
+            .field("holder", &self.holder.as_ref().map(|_| "<redacted>"))
+            .field("deadline", &self.deadline)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
 fn check_ttl(ttl: Duration) -> Result<chrono::Duration> {
     if ttl.is_zero() {
         return Err(Error::InvalidTtl { ttl });
@@ -506,6 +552,37 @@ impl Db {
             version,
             released: false,
         }))
+    }
+
+    /// Reads a lease without acquiring it: one read, no write. `None` when absent; a document
+    /// that is not a lease is [`Error::Corrupt`].
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// assert!(db.inspect_lease("l").await?.is_none());
+    /// db.lease("l", LeaseOptions::new("w1", Duration::from_secs(30))).await?.unwrap();
+    /// let info = db.inspect_lease("l").await?.expect("stored");
+    /// assert_eq!(info.epoch, 1);
+    /// assert!(info.is_held_by("w1") && !info.is_expired_at(db.clock().now()));
+    /// assert!(!format!("{info:?}").contains("w1"));
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn inspect_lease(&self, key: &str) -> Result<Option<LeaseInfo>> {
+        let key = self.key(key)?;
+        Ok(
+            parse_lease(&key, self.store().get_object(&key).await?)?.map(|(doc, version)| {
+                LeaseInfo {
+                    epoch: doc.epoch,
+                    holder: doc.holder,
+                    deadline: doc.deadline_at,
+                    state: doc.state,
+                    version,
+                }
+            }),
+        )
     }
 
     /// Changes a lease's `state` from outside the lease, without fencing its holder: epoch,

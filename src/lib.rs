@@ -108,6 +108,6 @@ pub use claim::{CLAIM_ATTEMPTS, Claim};
 pub use db::{BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_ATTEMPTS, Db, MAX_DOCUMENT_BYTES};
 pub use doc::Doc;
 pub use error::{BoxError, Error, LostReason, Result, StoreError};
-pub use lease::{Lease, LeaseOptions, StateFn};
+pub use lease::{Lease, LeaseInfo, LeaseOptions, StateFn};
 pub use store::{PutMode, PutOutcome, Store, Version};
 pub use token::new_holder;

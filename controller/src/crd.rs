@@ -256,6 +256,9 @@ pub struct RunCounters {
     /// Runs that failed after their last attempt.
     #[serde(default)]
     pub failed: i64,
+    /// Runs cancelled (by the finalizer or `concurrencyPolicy: Replace`).
+    #[serde(default)]
+    pub cancelled: i64,
     /// Ticks skipped (suspended, or Forbid while active).
     #[serde(default)]
     pub skipped: i64,

@@ -1,11 +1,21 @@
 //! The cojob operator: the `CoordinatedJob` resource and the logic that turns its schedule into
 //! exactly-once runs. The binary `cojob` (in `main.rs`) is its command line.
 //!
-//! Modules land one concept at a time: [`schedule`] (tick computation), [`crd`] (the
-//! resource), [`pod`] (a run's pod) and [`sidecar`] (the lease keeper) today; reconcile and the
-//! sweeper next.
+//! - [`crd`]: the resource; [`schedule`]: tick computation; [`layout`]: the bucket layout.
+//! - [`run`]: a run's state machine (pure); [`index`]: a job's index document in the bucket.
+//! - [`reconcile`]: ticks into claimed runs, status and Events; [`sweeper`]: drives each run
+//!   (dispatch, complete, steal, fence, cancel); [`pod`]: a run's pod.
+//! - [`sidecar`]: the lease keeper inside each pod; [`cli`]: the `controller` and `drain`
+//!   commands; [`context`]: what they share.
 
+pub mod cli;
+pub mod context;
 pub mod crd;
+pub mod index;
+pub mod layout;
 pub mod pod;
+pub mod reconcile;
+pub mod run;
 pub mod schedule;
 pub mod sidecar;
+pub mod sweeper;

@@ -1,6 +1,6 @@
-//! `cojob`: the operator binary. Today it offers `version`, `crd`, `probe-store` and `sidecar`, and the
-//! hidden test helper `smoke-sidecar` that the cluster smoke test runs as a native sidecar; the
-//! `controller` and `sidecar` subcommands arrive with the reconcile loop.
+//! `cojob`: the operator binary: `controller`, `sidecar`, `crd`, `drain`, `probe-store` and
+//! `version`, plus the hidden test helper `smoke-sidecar` that the cluster smoke test runs as a
+//! native sidecar.
 
 mod smoke;
 
@@ -16,6 +16,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Runs the operator.
+    Controller(cojob_controller::cli::ControllerArgs),
+    /// Deletes every CoordinatedJob and waits until their runs are cancelled (before uninstall).
+    Drain(cojob_controller::cli::DrainArgs),
     /// Prints the version.
     Version,
     /// Prints the CoordinatedJob CRD as YAML.
@@ -60,6 +64,8 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Controller(args) => cojob_controller::cli::controller(args).await,
+        Command::Drain(args) => cojob_controller::cli::drain(args).await,
         Command::Version => {
             println!("cojob {}", env!("CARGO_PKG_VERSION"));
             Ok(())

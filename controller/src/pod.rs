@@ -5,8 +5,8 @@
 //! its creation is idempotent (a second create gets `AlreadyExists`).
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, Pod, SecretKeySelector, SecurityContext, Volume,
-    VolumeMount,
+    Capabilities, Container, EnvFromSource, EnvVar, EnvVarSource, Pod, SecretEnvSource,
+    SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use std::collections::BTreeMap;
@@ -134,6 +134,14 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
         args: Some(vec!["sidecar".into()]),
         restart_policy: Some("Always".into()),
         env: Some(env_vars),
+        // The run's Secret also carries the store credentials forwarded by the controller.
+        env_from: Some(vec![EnvFromSource {
+            secret_ref: Some(SecretEnvSource {
+                name: run.secret_name(),
+                optional: Some(false),
+            }),
+            ..EnvFromSource::default()
+        }]),
         volume_mounts: Some(vec![shared_mount()]),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),

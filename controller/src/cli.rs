@@ -1,0 +1,158 @@
+//! The operator's subcommands: `cojob controller` (run the operator) and `cojob drain` (delete
+//! every CoordinatedJob and wait for the controller to cancel their runs; the Helm chart runs
+//! it before uninstalling).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use kube::api::{Api, DeleteParams, ListParams};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Client, ResourceExt};
+
+use crate::context::{Context, Settings};
+use crate::crd::CoordinatedJob;
+
+/// Arguments of `cojob controller`.
+#[derive(Debug, clap::Args)]
+pub struct ControllerArgs {
+    /// The store URL, e.g. s3://bucket/prefix (credentials from the environment).
+    #[arg(long, env = "COJOB_BUCKET")]
+    pub bucket: String,
+    /// The image of the lease sidecar injected into run pods (normally the controller's own).
+    #[arg(long, env = "COJOB_SIDECAR_IMAGE")]
+    pub sidecar_image: String,
+    /// How often the leases of active runs are checked.
+    #[arg(long, env = "COJOB_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+    /// Comma-separated prefixes of environment variables copied into each run's Secret for its
+    /// sidecar (store credentials and endpoints). Empty to copy none.
+    #[arg(long, env = "COJOB_FORWARD_ENV", default_value = "AWS_,AZURE_,GOOGLE_")]
+    pub forward_env: String,
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "COJOB_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// This replica's name, for Events (the pod name, from the downward API).
+    #[arg(long, env = "POD_NAME")]
+    pub instance: Option<String>,
+}
+
+/// The variables of `env` whose names start with one of the comma-separated `prefixes`.
+///
+/// ```
+/// let env = [("AWS_REGION".to_string(), "eu".to_string()), ("HOME".to_string(), "/".to_string())];
+/// let kept = cojob_controller::cli::forwarded_env("AWS_, AZURE_", env);
+/// assert_eq!(kept.keys().collect::<Vec<_>>(), ["AWS_REGION"]);
+/// ```
+pub fn forwarded_env(
+    prefixes: &str,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> BTreeMap<String, String> {
+    let prefixes: Vec<&str> = prefixes
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    env.into_iter()
+        .filter(|(k, _)| prefixes.iter().any(|p| k.starts_with(p)))
+        .collect()
+}
+
+/// Runs the operator until SIGTERM: checks that the bucket honours conditional writes (fails
+/// closed otherwise), then reconciles.
+pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    let db = cojob::Db::open(&args.bucket)
+        .await
+        .with_context(|| format!("opening the store {}", args.bucket))?;
+    db.store()
+        .verify_conditional_writes()
+        .await
+        .context("the store does not honour conditional writes; refusing to start")?;
+    let client = Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let reporter = Reporter {
+        controller: "cojob-controller".into(),
+        instance: args.instance.clone(),
+    };
+    let settings = Settings {
+        sidecar_image: args.sidecar_image,
+        bucket: args.bucket,
+        forwarded_env: forwarded_env(&args.forward_env, std::env::vars()),
+        sweep_interval: args.sweep_interval,
+    };
+    tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");
+    let cx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client,
+        db,
+        settings,
+    });
+    crate::reconcile::run(cx, args.namespace.as_deref())
+        .await
+        .context("watching CoordinatedJobs (is the CRD installed and may this account list it?)")?;
+    tracing::info!("controller stopped");
+    Ok(())
+}
+
+/// Arguments of `cojob drain`.
+#[derive(Debug, clap::Args)]
+pub struct DrainArgs {
+    /// How long to wait for the objects to go.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// Deletes every CoordinatedJob in every namespace and waits until they are gone (their
+/// finalizers cancel active runs), so that uninstalling leaves nothing behind. A missing CRD
+/// means there is nothing to drain.
+pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let api: Api<CoordinatedJob> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let mut deleted = false;
+    loop {
+        let jobs = match api.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                println!("no CoordinatedJob CRD: nothing to drain");
+                return Ok(());
+            }
+            Err(e) => return Err(e).context("listing CoordinatedJobs"),
+        };
+        if jobs.is_empty() {
+            println!("every CoordinatedJob is gone");
+            return Ok(());
+        }
+        if !deleted {
+            for job in &jobs {
+                let ns = job.namespace().unwrap_or_default();
+                let namespaced: Api<CoordinatedJob> = Api::namespaced(client.clone(), &ns);
+                match namespaced
+                    .delete(&job.name_any(), &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => println!("deleting {ns}/{}", job.name_any()),
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => return Err(e).context("deleting a CoordinatedJob"),
+                }
+            }
+            deleted = true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let left: Vec<String> = jobs
+                .iter()
+                .map(|j| format!("{}/{}", j.namespace().unwrap_or_default(), j.name_any()))
+                .collect();
+            anyhow::bail!(
+                "timed out after {:?}; still present: {}",
+                args.timeout,
+                left.join(", ")
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}

@@ -1,0 +1,157 @@
+//! What reconcile and the sweeper share: the clients, the store and the settings, plus a
+//! per-object [`JobScope`] with its keys, APIs and names.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource, ResourceExt};
+
+use crate::crd::CoordinatedJob;
+use crate::layout::JobKeys;
+
+/// The controller's settings, from the command line.
+#[derive(Clone)]
+pub struct Settings {
+    /// The image of the injected sidecar.
+    pub sidecar_image: String,
+    /// The store URL, passed to sidecars.
+    pub bucket: String,
+    /// Environment copied into every run's Secret for its sidecar (store credentials and
+    /// endpoints). Values are secrets: never logged.
+    pub forwarded_env: BTreeMap<String, String>,
+    /// How often active runs' leases are checked.
+    pub sweep_interval: Duration,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("sidecar_image", &self.sidecar_image)
+            .field("bucket", &self.bucket)
+            .field(
+                "forwarded_env",
+                &self.forwarded_env.keys().collect::<Vec<_>>(),
+            )
+            .field("sweep_interval", &self.sweep_interval)
+            .finish()
+    }
+}
+
+/// Shared by every reconcile.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: Client,
+    /// The bucket.
+    pub db: cojob::Db,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// The settings.
+    pub settings: Settings,
+}
+
+/// One CoordinatedJob as reconcile sees it.
+pub struct JobScope<'a> {
+    /// The shared context.
+    pub cx: &'a Context,
+    /// The object.
+    pub job: &'a CoordinatedJob,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its UID.
+    pub uid: String,
+    /// Its keys in the bucket.
+    pub keys: JobKeys,
+    /// Pods in its namespace.
+    pub pods: Api<Pod>,
+    /// Secrets in its namespace.
+    pub secrets: Api<Secret>,
+}
+
+/// An object without a namespace or UID cannot be reconciled (the API server always sets
+/// them; this guards hand-made objects in tests).
+#[derive(Debug, thiserror::Error)]
+#[error("the CoordinatedJob has no {0}")]
+pub struct MissingField(pub &'static str);
+
+impl<'a> JobScope<'a> {
+    /// The scope of `job`.
+    pub fn new(cx: &'a Context, job: &'a CoordinatedJob) -> Result<JobScope<'a>, MissingField> {
+        let namespace = job.namespace().ok_or(MissingField("namespace"))?;
+        let uid = job.uid().ok_or(MissingField("uid"))?;
+        let name = job.name_any();
+        Ok(JobScope {
+            cx,
+            job,
+            keys: JobKeys::new(&namespace, &name, &uid),
+            pods: Api::namespaced(cx.client.clone(), &namespace),
+            secrets: Api::namespaced(cx.client.clone(), &namespace),
+            namespace,
+            name,
+            uid,
+        })
+    }
+
+    /// The owner reference that makes the job the controller of its pods.
+    pub fn owner(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: CoordinatedJob::api_version(&()).into_owned(),
+            kind: CoordinatedJob::kind(&()).into_owned(),
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+
+    /// True when `owners` name this job (by UID) as controller.
+    pub fn owns(&self, owners: &[OwnerReference]) -> bool {
+        owners
+            .iter()
+            .any(|o| o.uid == self.uid && o.controller == Some(true))
+    }
+
+    /// The lease ttl.
+    pub fn ttl(&self) -> Duration {
+        Duration::from_secs(self.job.spec.lease.ttl_seconds.max(1).unsigned_abs())
+    }
+
+    /// The job's `maxAttempts`.
+    pub fn max_attempts(&self) -> u32 {
+        u32::try_from(self.job.spec.max_attempts.max(1)).unwrap_or(1)
+    }
+
+    /// Publishes an Event about the job; a failure to publish is logged, never fatal.
+    pub async fn event(&self, type_: EventType, reason: &str, note: String) {
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self
+            .cx
+            .recorder
+            .publish(&ev, &self.job.object_ref(&()))
+            .await
+        {
+            tracing::warn!(job = %self.name, namespace = %self.namespace, reason, error = %e, "could not publish an event");
+        }
+    }
+
+    /// A Normal Event.
+    pub async fn normal(&self, reason: &str, note: String) {
+        self.event(EventType::Normal, reason, note).await;
+    }
+
+    /// A Warning Event.
+    pub async fn warning(&self, reason: &str, note: String) {
+        self.event(EventType::Warning, reason, note).await;
+    }
+}

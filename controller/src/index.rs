@@ -1,0 +1,304 @@
+//! A job's index in the bucket: which ticks are decided, which runs are active, the recent
+//! history and the counters.
+//!
+//! The index is a [`Doc`](cojob::Doc) updated by compare-and-swap, so two controllers that
+//! decide the same ticks or finish the same runs count them once: every change is a pure
+//! function of the stored index, and a change already present is not applied again. The
+//! sweeper reads the active runs from here, never by listing the bucket. The CoordinatedJob's
+//! status is a projection of this document.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::run::RunPhase;
+
+/// What was decided for one tick: the value of its claim.
+///
+/// ```
+/// use cojob_controller::index::Decision;
+/// let d = Decision::RunId("nightly-1786240800".into());
+/// assert_eq!(serde_json::to_string(&d).unwrap(), r#"{"run_id":"nightly-1786240800"}"#);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// The tick runs as this run.
+    RunId(String),
+    /// The tick was skipped (`Suspended`, `ConcurrencyForbid`).
+    Skipped(String),
+    /// The tick was missed (`DeadlineExceeded`, `Superseded`).
+    Missed(String),
+}
+
+/// A run that has not reached a terminal phase.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveRun {
+    /// The run id.
+    pub run_id: String,
+    /// Its tick, formatted (absent for a job without a schedule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fire_time: Option<String>,
+}
+
+/// A run that ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishedRun {
+    /// The run id.
+    pub run_id: String,
+    /// Its tick, formatted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fire_time: Option<String>,
+    /// Its terminal phase.
+    pub status: RunPhase,
+    /// The epoch of its last attempt.
+    pub epoch: u64,
+    /// Its last attempt number.
+    pub attempt: u32,
+    /// The main containers' exit code of the last attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+}
+
+/// Totals since the job was created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Counters {
+    /// Runs that succeeded.
+    #[serde(default)]
+    pub succeeded: u64,
+    /// Runs that failed.
+    #[serde(default)]
+    pub failed: u64,
+    /// Runs that were cancelled.
+    #[serde(default)]
+    pub cancelled: u64,
+    /// Ticks skipped.
+    #[serde(default)]
+    pub skipped: u64,
+    /// Ticks missed.
+    #[serde(default)]
+    pub missed: u64,
+}
+
+/// The index document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct JobIndex {
+    /// The newest tick decided, formatted; ticks up to it are never planned again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    /// For a job without a schedule: whether its one decision was made.
+    #[serde(default)]
+    pub once_decided: bool,
+    /// Active runs, oldest first.
+    #[serde(default)]
+    pub active: Vec<ActiveRun>,
+    /// Recent finished runs, newest first, within the history limits.
+    #[serde(default)]
+    pub recent: Vec<FinishedRun>,
+    /// Totals.
+    #[serde(default)]
+    pub counters: Counters,
+}
+
+/// The history limits of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryLimits {
+    /// Succeeded (and cancelled) runs to keep.
+    pub successful: usize,
+    /// Failed runs to keep.
+    pub failed: usize,
+}
+
+impl JobIndex {
+    /// The cursor as a time.
+    pub fn cursor_time(&self) -> Option<DateTime<Utc>> {
+        self.cursor
+            .as_deref()
+            .and_then(|c| cojob::json::parse_time(c).ok())
+    }
+
+    /// Records the decisions of ticks, oldest first. Ticks at or before the cursor were
+    /// recorded already (by us before a crash, or by another controller) and are ignored, so
+    /// applying the same decisions twice changes nothing. `None` is the one tick of a job
+    /// without a schedule.
+    pub fn record_decisions(&mut self, decisions: &[(Option<DateTime<Utc>>, Decision)]) {
+        for (tick, decision) in decisions {
+            match tick {
+                Some(t) => {
+                    if self.cursor_time().is_some_and(|c| *t <= c) {
+                        continue;
+                    }
+                    self.cursor = Some(cojob::json::format_time(*t));
+                }
+                None => {
+                    if self.once_decided {
+                        continue;
+                    }
+                    self.once_decided = true;
+                }
+            }
+            match decision {
+                Decision::RunId(run_id) => {
+                    if !self.active.iter().any(|r| &r.run_id == run_id)
+                        && !self.recent.iter().any(|r| &r.run_id == run_id)
+                    {
+                        self.active.push(ActiveRun {
+                            run_id: run_id.clone(),
+                            fire_time: tick.map(cojob::json::format_time),
+                        });
+                    }
+                }
+                Decision::Skipped(_) => self.counters.skipped += 1,
+                Decision::Missed(_) => self.counters.missed += 1,
+            }
+        }
+    }
+
+    /// Records that the cursor jumped over ticks that were never looked at (a long outage):
+    /// one miss for the whole range.
+    pub fn record_missed_range(&mut self, before: DateTime<Utc>) {
+        if self.cursor_time().is_some_and(|c| before <= c) {
+            return;
+        }
+        self.counters.missed += 1;
+    }
+
+    /// Moves finished runs from the active list to the history and counts them. Runs not in
+    /// the active list were recorded already and are ignored. Returns the runs that fell out
+    /// of the history limits (their pods can go).
+    pub fn record_finished(
+        &mut self,
+        finished: &[FinishedRun],
+        limits: HistoryLimits,
+    ) -> Vec<FinishedRun> {
+        for run in finished {
+            let Some(pos) = self.active.iter().position(|a| a.run_id == run.run_id) else {
+                continue;
+            };
+            self.active.remove(pos);
+            match run.status {
+                RunPhase::Succeeded => self.counters.succeeded += 1,
+                RunPhase::Cancelled => self.counters.cancelled += 1,
+                _ => self.counters.failed += 1,
+            }
+            self.recent.insert(0, run.clone());
+        }
+        let (mut kept_ok, mut kept_failed) = (0, 0);
+        let mut dropped = Vec::new();
+        self.recent.retain(|r| {
+            let (count, limit) = if r.status == RunPhase::Failed {
+                (&mut kept_failed, limits.failed)
+            } else {
+                (&mut kept_ok, limits.successful)
+            };
+            *count += 1;
+            let keep = *count <= limit;
+            if !keep {
+                dropped.push(r.clone());
+            }
+            keep
+        });
+        dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    fn done(id: &str, status: RunPhase) -> FinishedRun {
+        FinishedRun {
+            run_id: id.into(),
+            fire_time: None,
+            status,
+            epoch: 1,
+            attempt: 1,
+            exit_code: Some(0),
+            finished_at: None,
+        }
+    }
+
+    #[test]
+    fn decisions_are_recorded_once_even_when_applied_twice() {
+        let decisions = vec![
+            (
+                Some(t("2026-01-01T00:00:00Z")),
+                Decision::Missed("Superseded".into()),
+            ),
+            (
+                Some(t("2026-01-01T00:01:00Z")),
+                Decision::RunId("j-1767225660".into()),
+            ),
+            (
+                Some(t("2026-01-01T00:02:00Z")),
+                Decision::Skipped("ConcurrencyForbid".into()),
+            ),
+        ];
+        let mut index = JobIndex::default();
+        index.record_decisions(&decisions);
+        let once = index.clone();
+        index.record_decisions(&decisions);
+        assert_eq!(index, once);
+        assert_eq!(index.active.len(), 1);
+        assert_eq!((index.counters.missed, index.counters.skipped), (1, 1));
+        assert_eq!(index.cursor.as_deref(), Some("2026-01-01T00:02:00.000000Z"));
+    }
+
+    #[test]
+    fn the_single_decision_of_an_unscheduled_job_is_recorded_once() {
+        let mut index = JobIndex::default();
+        index.record_decisions(&[(None, Decision::RunId("j-once".into()))]);
+        index.record_decisions(&[(None, Decision::RunId("j-once".into()))]);
+        assert!(index.once_decided);
+        assert_eq!(index.active.len(), 1);
+        // Finished, then a late duplicate decision: not active again.
+        index.record_finished(
+            &[done("j-once", RunPhase::Succeeded)],
+            HistoryLimits {
+                successful: 3,
+                failed: 1,
+            },
+        );
+        index.once_decided = false;
+        index.record_decisions(&[(None, Decision::RunId("j-once".into()))]);
+        assert!(index.active.is_empty());
+    }
+
+    #[test]
+    fn finished_runs_are_counted_once_and_history_is_trimmed_per_outcome() {
+        let mut index = JobIndex::default();
+        let ids = ["a", "b", "c", "d", "e"];
+        for id in ids {
+            index.active.push(ActiveRun {
+                run_id: id.into(),
+                fire_time: None,
+            });
+        }
+        let limits = HistoryLimits {
+            successful: 2,
+            failed: 1,
+        };
+        let finished = vec![
+            done("a", RunPhase::Succeeded),
+            done("b", RunPhase::Failed),
+            done("c", RunPhase::Succeeded),
+            done("d", RunPhase::Failed),
+            done("e", RunPhase::Succeeded),
+        ];
+        let dropped = index.record_finished(&finished, limits);
+        let again = index.record_finished(&finished, limits);
+        assert!(again.is_empty());
+        assert_eq!((index.counters.succeeded, index.counters.failed), (3, 2));
+        let kept: Vec<&str> = index.recent.iter().map(|r| r.run_id.as_str()).collect();
+        assert_eq!(kept, ["e", "d", "c"]);
+        let gone: Vec<&str> = dropped.iter().map(|r| r.run_id.as_str()).collect();
+        assert_eq!(gone, ["b", "a"]);
+        assert!(index.active.is_empty());
+    }
+}

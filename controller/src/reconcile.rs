@@ -1,0 +1,600 @@
+//! Reconcile: turns a CoordinatedJob's schedule into exactly-once runs.
+//!
+//! One pass, for one object:
+//!
+//! 1. **Finalizer.** A deleted object cancels its active runs first (see [`finalize`]).
+//! 2. **Spec.** A schedule the schema let through but cron cannot parse becomes a `Ready=False`
+//!    condition and an `InvalidSpec` Event; nothing else happens until the spec changes.
+//! 3. **Sweep.** Every active run in the job's index is driven one step
+//!    ([`sweeper::sync_run`]); finished runs move to the history.
+//! 4. **Ticks.** Every tick due since the index's cursor is claimed in the bucket with its
+//!    decision, a run id, a skip or a miss; a lost claim converges on the winner's decision
+//!    (I1). New runs are dispatched at once.
+//! 5. **Status.** The status is patched by server-side apply, only when it changed, and the
+//!    object is requeued for its next tick or the next sweep, whichever comes first.
+//!
+//! Every write that matters is conditional in the bucket, so two controllers reconciling the
+//! same object at once stay correct without leader election.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use cojob::Doc;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::context::{Context, JobScope, MissingField};
+use crate::crd::{
+    CatchUpPolicy, ConcurrencyPolicy, CoordinatedJob, CoordinatedJobSpec, CoordinatedJobStatus,
+    RunCounters, RunStatus,
+};
+use crate::index::{ActiveRun, Decision, FinishedRun, HistoryLimits, JobIndex};
+use crate::layout::run_id;
+use crate::pod::LABEL_JOB;
+use crate::schedule::{CatchUp, Schedule, ScheduleError};
+use crate::sweeper::{self, RunPods, RunReport, SweepError};
+
+/// The finalizer that lets active runs be cancelled before the object goes.
+pub const FINALIZER: &str = "cojob.dev/cancel-runs";
+/// The server-side apply field manager of the status.
+pub const FIELD_MANAGER: &str = "cojob-controller";
+/// The condition type reconcile maintains.
+pub const READY: &str = "Ready";
+/// The longest pause between two reconciles of an idle object.
+pub const IDLE_RESYNC: Duration = Duration::from_secs(300);
+
+/// A failed reconcile. The controller logs it, records it in the status and retries later.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bucket failed.
+    #[error("store: {0}")]
+    Store(#[from] cojob::Error),
+    /// The Kubernetes API failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Driving a run failed.
+    #[error(transparent)]
+    Sweep(#[from] SweepError),
+    /// The object lacks a field the API server always sets.
+    #[error(transparent)]
+    Missing(#[from] MissingField),
+}
+
+impl Error {
+    /// True when the bucket is at fault (reported as `StoreUnavailable`).
+    pub fn is_store(&self) -> bool {
+        matches!(
+            self,
+            Error::Store(_) | Error::Sweep(SweepError::Store(_) | SweepError::Foreign { .. })
+        )
+    }
+}
+
+/// Parses the spec's schedule; `None` for a job without one.
+pub fn parse_schedule(spec: &CoordinatedJobSpec) -> Result<Option<Schedule>, ScheduleError> {
+    spec.schedule
+        .as_deref()
+        .map(|s| Schedule::parse(s, spec.time_zone.as_deref()))
+        .transpose()
+}
+
+/// Reconciles one CoordinatedJob.
+pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Action, Error> {
+    let scope = JobScope::new(&cx, &job)?;
+    if job.metadata.deletion_timestamp.is_some() {
+        return finalize(&scope).await;
+    }
+    if !job.finalizers().iter().any(|f| f == FINALIZER) {
+        set_finalizers(&scope, |f| f.push(FINALIZER.into())).await?;
+    }
+    let schedule = match parse_schedule(&job.spec) {
+        Ok(s) => s,
+        Err(e) => {
+            let was_invalid = ready_reason(&job) == Some("InvalidSpec");
+            let mut status = job.status.clone().unwrap_or_default();
+            set_ready(&mut status, &job, false, "InvalidSpec", &e.to_string());
+            patch_status(&scope, status).await?;
+            if !was_invalid {
+                scope.warning("InvalidSpec", e.to_string()).await;
+            }
+            return Ok(Action::await_change());
+        }
+    };
+    match sync(&scope, schedule.as_ref()).await {
+        Ok(synced) => {
+            let status = build_status(&scope, &synced);
+            patch_status(&scope, status).await?;
+            Ok(Action::requeue(synced.requeue))
+        }
+        Err(e) => {
+            if e.is_store() {
+                let was_failing = ready_reason(&job) == Some("StoreUnavailable");
+                let mut status = job.status.clone().unwrap_or_default();
+                set_ready(&mut status, &job, false, "StoreUnavailable", &e.to_string());
+                // The API server may be the one failing; the error is returned either way.
+                if patch_status(&scope, status).await.is_ok() && !was_failing {
+                    scope.warning("StoreUnavailable", e.to_string()).await;
+                }
+            }
+            Err(e)
+        }
+    }
+}
+
+/// What a successful pass found.
+#[derive(Debug)]
+pub struct Synced {
+    /// The index after this pass.
+    pub index: JobIndex,
+    /// The active runs, as reported by the sweeper.
+    pub active: Vec<RunStatus>,
+    /// The next tick.
+    pub next: Option<DateTime<Utc>>,
+    /// When to come back.
+    pub requeue: Duration,
+}
+
+fn history_limits(spec: &CoordinatedJobSpec) -> HistoryLimits {
+    HistoryLimits {
+        successful: usize::try_from(spec.successful_runs_history_limit).unwrap_or(0),
+        failed: usize::try_from(spec.failed_runs_history_limit).unwrap_or(0),
+    }
+}
+
+async fn list_pods(scope: &JobScope<'_>) -> Result<BTreeMap<String, RunPods>, Error> {
+    let lp = ListParams::default().labels(&format!("{LABEL_JOB}={}", scope.name));
+    let pods = scope.pods.list(&lp).await?.items;
+    Ok(sweeper::group_pods(scope, pods))
+}
+
+/// Sweeps the given runs; returns the reports of those still active and the finished ones.
+async fn sweep(
+    scope: &JobScope<'_>,
+    runs: &[ActiveRun],
+    pods: &BTreeMap<String, RunPods>,
+) -> Result<(Vec<RunStatus>, Vec<FinishedRun>), Error> {
+    let empty = RunPods::new();
+    let (mut active, mut finished) = (Vec::new(), Vec::new());
+    let mut first_error = None;
+    for run in runs {
+        match sweeper::sync_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await {
+            Ok(RunReport::Active {
+                epoch,
+                attempt,
+                pod,
+                phase,
+            }) => active.push(RunStatus {
+                run_id: run.run_id.clone(),
+                tick: run.fire_time.clone().unwrap_or_else(|| "once".into()),
+                epoch: i64::try_from(epoch).unwrap_or(i64::MAX),
+                attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
+                pod,
+                phase: phase.as_str().into(),
+            }),
+            Ok(RunReport::Finished(f)) => finished.push(f),
+            // One run's trouble must not stop the others; the first error is reported.
+            Err(e) => {
+                tracing::warn!(job = %scope.name, run = %run.run_id, error = %e, "could not sync a run");
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if finished.is_empty() => Err(e.into()),
+        _ => Ok((active, finished)),
+    }
+}
+
+/// Applies `change` to the index by compare-and-swap, unless it changes nothing.
+async fn update_index(
+    doc: &Doc<JobIndex>,
+    index: &JobIndex,
+    mut change: impl FnMut(&mut JobIndex),
+) -> Result<JobIndex, Error> {
+    let mut preview = index.clone();
+    change(&mut preview);
+    if &preview == index {
+        return Ok(preview);
+    }
+    let (stored, _) = doc
+        .update(
+            |mut i| {
+                change(&mut i);
+                i
+            },
+            Some(JobIndex::default()),
+        )
+        .await?;
+    Ok(stored)
+}
+
+async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synced, Error> {
+    let db = &scope.cx.db;
+    let spec = &scope.job.spec;
+    let doc = db.doc::<JobIndex>(&scope.keys.index());
+    let mut index = doc.get().await?.map(|(i, _)| i).unwrap_or_default();
+    let pods = list_pods(scope).await?;
+    let limits = history_limits(spec);
+
+    // Sweep the active runs first, so the concurrency policy sees runs that just ended.
+    let runs = index.active.clone();
+    let (mut active, finished) = sweep(scope, &runs, &pods).await?;
+    let mut dropped = Vec::new();
+    if !finished.is_empty() {
+        index = update_index(&doc, &index, |i| {
+            dropped = i.record_finished(&finished, limits);
+        })
+        .await?;
+    }
+
+    // Decide the due ticks.
+    let now = db.clock().now();
+    let (decisions, next, missed_before) = decide_ticks(scope, schedule, &index, now).await?;
+    if !decisions.is_empty() || missed_before.is_some() {
+        index = update_index(&doc, &index, |i| {
+            if let Some(before) = missed_before {
+                i.record_missed_range(before);
+            }
+            i.record_decisions(&decisions);
+        })
+        .await?;
+    }
+    let new_runs: Vec<ActiveRun> = index
+        .active
+        .iter()
+        .filter(|r| !runs.iter().any(|s| s.run_id == r.run_id))
+        .cloned()
+        .collect();
+    if !new_runs.is_empty() && spec.concurrency_policy == ConcurrencyPolicy::Replace {
+        for old in &runs {
+            if index.active.iter().any(|a| a.run_id == old.run_id) {
+                let run_pods = pods.get(&old.run_id).cloned().unwrap_or_default();
+                sweeper::cancel_run(scope, old, &run_pods).await?;
+                scope
+                    .normal(
+                        "RunReplaced",
+                        format!("run {} cancelled: a newer tick replaces it", old.run_id),
+                    )
+                    .await;
+            }
+        }
+    }
+    let (started, finished_now) = sweep(scope, &new_runs, &pods).await?;
+    active.extend(started);
+    if !finished_now.is_empty() {
+        index = update_index(&doc, &index, |i| {
+            dropped.extend(i.record_finished(&finished_now, limits));
+        })
+        .await?;
+    }
+    collect_garbage(scope, &index, &pods, &dropped).await?;
+    active.retain(|a| index.active.iter().any(|r| r.run_id == a.run_id));
+
+    let until_next =
+        next.map(|n| (n - now).to_std().unwrap_or_default() + Duration::from_millis(50));
+    let mut requeue = until_next.unwrap_or(IDLE_RESYNC).min(IDLE_RESYNC);
+    if !index.active.is_empty() {
+        requeue = requeue.min(scope.cx.settings.sweep_interval);
+    }
+    Ok(Synced {
+        index,
+        active,
+        next,
+        requeue: requeue.max(Duration::from_millis(100)),
+    })
+}
+
+/// Deletes the pods of runs that left the history, and ended pods of runs this job no longer
+/// knows. Live pods of unknown runs are left alone: another controller may have just started
+/// them and not yet shown us its index.
+async fn collect_garbage(
+    scope: &JobScope<'_>,
+    index: &JobIndex,
+    pods: &BTreeMap<String, RunPods>,
+    dropped: &[FinishedRun],
+) -> Result<(), Error> {
+    for (run, run_pods) in pods {
+        let known = index.active.iter().any(|r| &r.run_id == run)
+            || index.recent.iter().any(|r| &r.run_id == run);
+        let was_dropped = dropped.iter().any(|d| &d.run_id == run);
+        if known && !was_dropped {
+            continue;
+        }
+        for pod in run_pods.values() {
+            let ended = matches!(sweeper::pod_view(Some(pod)), crate::run::PodView::Ended(_));
+            if ended || was_dropped {
+                sweeper::delete_pod(scope, &pod.name_any()).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+type TickDecisions = Vec<(Option<DateTime<Utc>>, Decision)>;
+
+/// Claims the decision of every due tick; returns them oldest first with the next tick and
+/// the start of the ticks after a long outage, if any.
+async fn decide_ticks(
+    scope: &JobScope<'_>,
+    schedule: Option<&Schedule>,
+    index: &JobIndex,
+    now: DateTime<Utc>,
+) -> Result<(TickDecisions, Option<DateTime<Utc>>, Option<DateTime<Utc>>), Error> {
+    let spec = &scope.job.spec;
+    let Some(schedule) = schedule else {
+        if index.once_decided || spec.suspend {
+            return Ok((Vec::new(), None, None));
+        }
+        let decision = claim(scope, None, Decision::RunId(run_id(&scope.name, None))).await?;
+        return Ok((vec![(None, decision)], None, None));
+    };
+    let created = scope
+        .job
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()))
+        .unwrap_or(now);
+    let since = index.cursor_time().unwrap_or(created);
+    let catch_up = match spec.catch_up {
+        CatchUpPolicy::Latest => CatchUp::Latest,
+        CatchUpPolicy::All => CatchUp::All,
+        CatchUpPolicy::None => CatchUp::None,
+    };
+    let deadline = spec
+        .starting_deadline_seconds
+        .map(|s| Duration::from_secs(s.max(0).unsigned_abs()));
+    let plan = schedule.plan(since, now, deadline, catch_up);
+    let mut proposals: Vec<(DateTime<Utc>, Decision)> = plan
+        .missed
+        .iter()
+        .map(|(t, why)| (*t, Decision::Missed(why.as_str().into())))
+        .collect();
+    let mut busy = !index.active.is_empty();
+    let forbid = spec.concurrency_policy == ConcurrencyPolicy::Forbid;
+    for t in &plan.run {
+        proposals.push((*t, Decision::RunId(run_id(&scope.name, Some(*t)))));
+    }
+    proposals.sort_by_key(|(t, _)| *t);
+    let mut out = Vec::with_capacity(proposals.len());
+    for (t, proposal) in proposals {
+        let proposal = match proposal {
+            Decision::RunId(_) if spec.suspend => Decision::Skipped("Suspended".into()),
+            Decision::RunId(_) if forbid && busy => Decision::Skipped("ConcurrencyForbid".into()),
+            other => other,
+        };
+        let decision = claim(scope, Some(t), proposal).await?;
+        if matches!(decision, Decision::RunId(_)) {
+            busy = true;
+        }
+        out.push((Some(t), decision));
+    }
+    Ok((out, plan.next, plan.missed_before))
+}
+
+/// Claims one tick's decision; returns the winner's, announcing it when it is ours.
+async fn claim(
+    scope: &JobScope<'_>,
+    tick: Option<DateTime<Utc>>,
+    proposal: Decision,
+) -> Result<Decision, Error> {
+    let key = scope.keys.tick(tick);
+    let claim = scope.cx.db.claim(&key, &proposal).await?;
+    if claim.won {
+        let at = tick.map_or_else(|| "once".to_string(), cojob::json::format_time);
+        match &claim.value {
+            Decision::RunId(id) => {
+                tracing::info!(job = %scope.name, tick = %at, run = %id, "tick claimed")
+            }
+            Decision::Skipped(why) => {
+                scope
+                    .normal("RunSkipped", format!("tick {at} skipped: {why}"))
+                    .await
+            }
+            Decision::Missed(why) => {
+                scope
+                    .warning("RunMissed", format!("tick {at} missed: {why}"))
+                    .await
+            }
+        }
+    }
+    Ok(claim.value)
+}
+
+fn to_time(t: DateTime<Utc>) -> Option<Time> {
+    k8s_openapi::jiff::Timestamp::from_microsecond(t.timestamp_micros())
+        .ok()
+        .map(Time)
+}
+
+fn ready_reason(job: &CoordinatedJob) -> Option<&str> {
+    job.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == READY)
+        .map(|c| c.reason.as_str())
+}
+
+/// Sets the Ready condition, keeping its transition time when nothing but the message changed.
+fn set_ready(
+    status: &mut CoordinatedJobStatus,
+    job: &CoordinatedJob,
+    ready: bool,
+    reason: &str,
+    message: &str,
+) {
+    let value = if ready { "True" } else { "False" };
+    let generation = job.metadata.generation;
+    let previous = status.conditions.iter().find(|c| c.type_ == READY);
+    let transition = match previous {
+        Some(p) if p.status == value && p.reason == reason => p.last_transition_time.clone(),
+        _ => Time(k8s_openapi::jiff::Timestamp::now()),
+    };
+    status.conditions.retain(|c| c.type_ != READY);
+    status.conditions.push(Condition {
+        type_: READY.into(),
+        status: value.into(),
+        reason: reason.into(),
+        message: message.chars().take(1024).collect(),
+        observed_generation: generation,
+        last_transition_time: transition,
+    });
+    status.observed_generation = generation;
+}
+
+fn build_status(scope: &JobScope<'_>, synced: &Synced) -> CoordinatedJobStatus {
+    let job = scope.job;
+    let mut status = job.status.clone().unwrap_or_default();
+    let index = &synced.index;
+    status.last_schedule_time = index.cursor_time().and_then(to_time);
+    status.next_schedule_time = synced.next.and_then(to_time);
+    status.active = synced.active.clone();
+    status.recent = index
+        .recent
+        .iter()
+        .map(|r| RunStatus {
+            run_id: r.run_id.clone(),
+            tick: r.fire_time.clone().unwrap_or_else(|| "once".into()),
+            epoch: i64::try_from(r.epoch).unwrap_or(i64::MAX),
+            attempt: i32::try_from(r.attempt).unwrap_or(i32::MAX),
+            pod: Some(format!("{}-{}", r.run_id, r.epoch)),
+            phase: r.status.as_str().into(),
+        })
+        .collect();
+    let c = index.counters;
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    status.counters = RunCounters {
+        active: count(index.active.len() as u64),
+        succeeded: count(c.succeeded),
+        failed: count(c.failed),
+        cancelled: count(c.cancelled),
+        skipped: count(c.skipped),
+        missed: count(c.missed),
+    };
+    let message = if job.spec.suspend {
+        "suspended: new ticks are skipped".to_string()
+    } else {
+        match synced.next {
+            Some(n) => format!("next tick at {}", cojob::json::format_time(n)),
+            None if index.active.is_empty() => "no more ticks".to_string(),
+            None => "running".to_string(),
+        }
+    };
+    set_ready(&mut status, job, true, "Reconciled", &message);
+    status
+}
+
+/// Writes the status by server-side apply, unless it is unchanged.
+async fn patch_status(scope: &JobScope<'_>, status: CoordinatedJobStatus) -> Result<(), Error> {
+    if scope.job.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
+    let body = json!({
+        "apiVersion": CoordinatedJob::api_version(&()),
+        "kind": CoordinatedJob::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &scope.name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Changes the finalizers, guarded by the object's resourceVersion.
+async fn set_finalizers(
+    scope: &JobScope<'_>,
+    change: impl FnOnce(&mut Vec<String>),
+) -> Result<(), Error> {
+    let mut finalizers = scope.job.finalizers().to_vec();
+    change(&mut finalizers);
+    let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": scope.job.resource_version(),
+    }});
+    api.patch(&scope.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// A deleted object: cancel its active runs cooperatively, record them, then let it go.
+pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
+    if !scope.job.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let doc = scope.cx.db.doc::<JobIndex>(&scope.keys.index());
+    let index = doc.get().await?.map(|(i, _)| i).unwrap_or_default();
+    let pods = list_pods(scope).await?;
+    let empty = RunPods::new();
+    for run in &index.active {
+        sweeper::cancel_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await?;
+    }
+    let (_, finished) = sweep(scope, &index.active, &pods).await?;
+    let limits = history_limits(&scope.job.spec);
+    let index = update_index(&doc, &index, |i| {
+        i.record_finished(&finished, limits);
+    })
+    .await?;
+    if !index.active.is_empty() {
+        tracing::info!(job = %scope.name, active = index.active.len(), "waiting for runs to stop before removing the finalizer");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    set_finalizers(scope, |f| f.retain(|x| x != FINALIZER)).await?;
+    tracing::info!(job = %scope.name, "active runs cancelled; finalizer removed");
+    Ok(Action::await_change())
+}
+
+/// What to do after a failed reconcile: retry after a pause, never at once.
+pub fn error_policy(job: Arc<CoordinatedJob>, error: &Error, _cx: Arc<Context>) -> Action {
+    tracing::warn!(job = %job.name_any(), namespace = job.namespace().unwrap_or_default(), error = %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the controller until SIGTERM or SIGINT: watches CoordinatedJobs (in `namespace`, or
+/// everywhere) and the pods they own.
+pub async fn run(cx: Arc<Context>, namespace: Option<&str>) -> Result<(), kube::Error> {
+    let client = cx.client.clone();
+    let (jobs, pods): (Api<CoordinatedJob>, Api<Pod>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    // Wait, with the API server's message in the log, while the CRD is not established yet
+    // (a chart installs it together with this Deployment) or RBAC is wrong.
+    let mut attempt = 0u32;
+    while let Err(e) = jobs.list(&ListParams::default().limit(1)).await {
+        attempt += 1;
+        if attempt >= 60 {
+            return Err(e);
+        }
+        tracing::warn!(error = %e, "cannot list CoordinatedJobs yet (CRD not established, or RBAC); retrying");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    Controller::new(jobs, watcher::Config::default())
+        .owns(pods, watcher::Config::default().labels(LABEL_JOB))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, cx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(%object, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile did not complete"),
+            }
+        })
+        .await;
+    Ok(())
+}
