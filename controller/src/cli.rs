@@ -113,7 +113,6 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let api: Api<CoordinatedJob> = Api::all(client.clone());
     let deadline = tokio::time::Instant::now() + args.timeout;
-    let mut deleted = false;
     loop {
         let jobs = match api.list(&ListParams::default()).await {
             Ok(list) => list.items,
@@ -127,8 +126,13 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
             println!("every CoordinatedJob is gone");
             return Ok(());
         }
-        if !deleted {
-            for job in &jobs {
+        // Objects created while draining are deleted too.
+        let pending: Vec<&CoordinatedJob> = jobs
+            .iter()
+            .filter(|j| j.metadata.deletion_timestamp.is_none())
+            .collect();
+        if !pending.is_empty() {
+            for job in pending {
                 let ns = job.namespace().unwrap_or_default();
                 let namespaced: Api<CoordinatedJob> = Api::namespaced(client.clone(), &ns);
                 match namespaced
@@ -140,7 +144,6 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
                     Err(e) => return Err(e).context("deleting a CoordinatedJob"),
                 }
             }
-            deleted = true;
         }
         if tokio::time::Instant::now() >= deadline {
             let left: Vec<String> = jobs

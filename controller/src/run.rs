@@ -308,8 +308,8 @@ pub enum Step {
     Finished(RunState),
     /// Held and its pod lives: nothing to do until it ends or the lease expires.
     Wait,
-    /// Held, the pod is missing but its holder Secret exists: a crash came between acquiring
-    /// and creating the pod. Create it.
+    /// Held, the pod is missing and its holder Secret was never handed to a pod: a crash came
+    /// between acquiring and creating the pod. Create it.
     CreatePod,
     /// The pod of the current epoch ended: release with the final state.
     Complete(PodOutcome),
@@ -318,11 +318,11 @@ pub enum Step {
 }
 
 /// Picks a run's next step from its lease, its current pod and whether the current epoch's
-/// holder Secret exists.
+/// pod was never created (its holder Secret exists and was never handed to a pod).
 pub fn decide(
     lease: Option<&LeaseInfo>,
     pod: &PodView,
-    secret_exists: bool,
+    never_spawned: bool,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<Step, Refusal> {
     let Some(lease) = lease else {
@@ -339,7 +339,7 @@ pub fn decide(
         PodView::Ended(outcome) => Ok(Step::Complete(outcome.clone())),
         _ if lease.is_expired_at(now) => Ok(Step::Steal),
         PodView::Live => Ok(Step::Wait),
-        PodView::Absent if secret_exists => Ok(Step::CreatePod),
+        PodView::Absent if never_spawned => Ok(Step::CreatePod),
         PodView::Absent => Ok(Step::Wait),
     }
 }

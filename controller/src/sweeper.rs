@@ -154,16 +154,19 @@ pub async fn sync_run(
     }
     let current = lease.as_ref().and_then(|l| pods.get(&l.epoch));
     let view = pod_view(current);
-    let secret_exists = match (&lease, &view) {
-        (Some(l), PodView::Absent) if !l.is_released() => {
-            read_holder(scope, &holder_secret_name(&run.run_id, l.epoch))
-                .await?
-                .is_some()
-        }
+    // A missing pod is created again only when its Secret was never handed to a pod: then a
+    // crash came between acquiring and creating. A Secret owned by a pod means the pod existed
+    // and was deleted; its lease must expire first (the pod may still be stopping).
+    let never_spawned = match (&lease, &view) {
+        (Some(l), PodView::Absent) if !l.is_released() => scope
+            .secrets
+            .get_opt(&holder_secret_name(&run.run_id, l.epoch))
+            .await?
+            .is_some_and(|s| !s.owner_references().iter().any(|o| o.kind == "Pod")),
         _ => false,
     };
     let now = scope.cx.db.clock().now();
-    let step = run::decide(lease.as_ref(), &view, secret_exists, now)
+    let step = run::decide(lease.as_ref(), &view, never_spawned, now)
         .map_err(|r| foreign(&run.run_id, r))?;
     tracing::debug!(job = %scope.name, run = %run.run_id, ?step, "sweep");
     match step {
@@ -184,8 +187,12 @@ pub async fn sync_run(
         },
         Step::Steal => {
             let report = dispatch(scope, run, lease.as_ref()).await?;
-            if let (Some(l), RunReport::Active { epoch, .. }) = (&lease, &report)
-                && *epoch > l.epoch
+            let epoch = match &report {
+                RunReport::Active { epoch, .. } => *epoch,
+                RunReport::Finished(f) => f.epoch,
+            };
+            if let Some(l) = &lease
+                && epoch > l.epoch
             {
                 scope
                     .warning(
@@ -196,7 +203,7 @@ pub async fn sync_run(
                         ),
                     )
                     .await;
-                fence(scope, run, pods, *epoch).await?;
+                fence(scope, run, pods, epoch).await?;
             }
             Ok(report)
         }
@@ -659,7 +666,11 @@ pub async fn cancel_run(
     }
     let Some(holder) = read_holder(scope, &holder_secret_name(&run.run_id, lease.epoch)).await?
     else {
-        return Ok(false); // no holder: the lease expires and the sweeper records the cancel
+        // No holder: stop the pods; the lease expires and the sweeper records the cancel.
+        for pod in pods.values().filter(|p| is_live(p)) {
+            delete_pod(scope, &pod.name_any()).await?;
+        }
+        return Ok(false);
     };
     let Some(mut handle) = db.attach_lease(&key, &holder, scope.ttl()).await? else {
         return Ok(false);

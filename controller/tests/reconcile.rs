@@ -1,0 +1,569 @@
+//! Reconcile and the sweeper against a real kube-apiserver and etcd and a real S3 server.
+//! The tests play the kubelet (they write pod phases) and move a fake clock.
+
+mod support;
+
+use std::time::Duration;
+
+use cojob_controller::index::Decision;
+use kube::ResourceExt;
+use serde_json::json;
+use support::{Budget, Harness};
+
+fn state(l: &cojob::LeaseInfo) -> cojob_controller::run::RunState {
+    cojob_controller::run::RunState::parse(&l.state).expect("a run state")
+}
+
+fn status(
+    job: &cojob_controller::crd::CoordinatedJob,
+) -> cojob_controller::crd::CoordinatedJobStatus {
+    job.status.clone().expect("a status")
+}
+
+#[tokio::test]
+async fn a_one_shot_run_is_dispatched_once_and_released_on_success() {
+    let h = Harness::new("it-once").await;
+    h.create_job("once", json!({})).await;
+    h.settle("once", 2).await;
+
+    assert_eq!(h.live_pod_names("once").await, ["once-once-1"]);
+    let lease = h.lease("once", "once-once").await.expect("the run's lease");
+    assert_eq!(lease.epoch, 1);
+    let holder = h
+        .secret_holder("once-once-1")
+        .await
+        .expect("the holder Secret");
+    assert!(
+        lease.is_held_by(&holder),
+        "the Secret keeps the lease's holder"
+    );
+    assert!(holder.len() >= 32, "a CSPRNG holder");
+    let secret = h.secrets().get("once-once-1-holder").await.unwrap();
+    let owner = &secret.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("Pod", "once-once-1")
+    );
+    let st = state(&lease);
+    assert_eq!((st.status.as_str(), st.attempt), ("pending", 1));
+
+    let pod = h.pods().get("once-once-1").await.unwrap();
+    let env: Vec<String> = pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.clone())
+        .collect();
+    for var in [
+        "COJOB_RUN_ID",
+        "COJOB_EPOCH",
+        "COJOB_FIRE_TIME",
+        "COJOB_ATTEMPT",
+        "COJOB_LEASE_KEY",
+    ] {
+        assert!(env.contains(&var.to_string()), "{var} in {env:?}");
+    }
+
+    h.finish_pod("once-once-1", 0).await;
+    h.settle("once", 3).await;
+    let lease = h.lease("once", "once-once").await.unwrap();
+    assert!(lease.is_released(), "released on success");
+    let st = state(&lease);
+    assert_eq!((st.status.as_str(), st.exit_code), ("succeeded", Some(0)));
+    assert_eq!(
+        h.job_pods("once").await.len(),
+        1,
+        "never spawned again (I2)"
+    );
+    let s = status(&h.job("once").await);
+    assert_eq!((s.counters.succeeded, s.counters.active), (1, 0));
+    assert_eq!(s.recent[0].phase, "succeeded");
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "True");
+    let reasons = h.event_reasons("once").await;
+    for r in ["RunDispatched", "RunSucceeded"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} in {reasons:?}");
+    }
+    assert_eq!(
+        h.decisions("once").await,
+        [("once".to_string(), Decision::RunId("once-once".into()))]
+    );
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failed_attempt_is_retried_under_a_new_epoch_until_max_attempts() {
+    let h = Harness::new("it-retry").await;
+    h.create_job("flaky", json!({"maxAttempts": 2})).await;
+    h.settle("flaky", 1).await;
+    h.finish_pod("flaky-once-1", 3).await;
+    h.settle("flaky", 2).await;
+    let lease = h.lease("flaky", "flaky-once").await.unwrap();
+    assert_eq!((lease.epoch, state(&lease).attempt), (2, 2));
+    assert!(
+        h.live_pod_names("flaky")
+            .await
+            .contains(&"flaky-once-2".to_string())
+    );
+    h.finish_pod("flaky-once-2", 3).await;
+    h.settle("flaky", 3).await;
+    let lease = h.lease("flaky", "flaky-once").await.unwrap();
+    let st = state(&lease);
+    assert!(lease.is_released());
+    assert_eq!(
+        (st.status.as_str(), st.attempt, st.exit_code),
+        ("failed", 2, Some(3))
+    );
+    let names: Vec<String> = h
+        .job_pods("flaky")
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert!(!names.contains(&"flaky-once-3".to_string()), "{names:?}");
+    let s = status(&h.job("flaky").await);
+    assert_eq!((s.counters.failed, s.counters.active), (1, 0));
+    let reasons = h.event_reasons("flaky").await;
+    for r in ["RunDispatched", "RunRespawned", "RunFailed"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} in {reasons:?}");
+    }
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_stolen_the_stale_pod_fenced_and_attempts_bounded() {
+    let h = Harness::new("it-steal").await;
+    h.create_job(
+        "lost",
+        json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("lost", 1).await;
+    assert_eq!(h.live_pod_names("lost").await, ["lost-once-1"]);
+    // Not expired yet: nothing moves.
+    h.advance(Duration::from_secs(29));
+    h.settle("lost", 1).await;
+    assert_eq!(h.lease("lost", "lost-once").await.unwrap().epoch, 1);
+    // The pod's sidecar never renews (no kubelet): past the ttl the sweeper steals.
+    h.advance(Duration::from_secs(2));
+    h.settle("lost", 1).await;
+    let lease = h.lease("lost", "lost-once").await.unwrap();
+    assert_eq!((lease.epoch, state(&lease).attempt), (2, 2));
+    assert_eq!(
+        h.live_pod_names("lost").await,
+        ["lost-once-2"],
+        "epoch 1 fenced and deleted"
+    );
+    let reasons = h.event_reasons("lost").await;
+    assert!(reasons.iter().any(|r| r == "LeaseLost"), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r == "RunRespawned"), "{reasons:?}");
+    // Out of attempts at the next expiry: failed, and no third pod.
+    h.advance(Duration::from_secs(31));
+    h.settle("lost", 2).await;
+    let lease = h.lease("lost", "lost-once").await.unwrap();
+    let st = state(&lease);
+    assert_eq!(
+        (st.status.as_str(), st.reason.as_deref()),
+        ("failed", Some("AttemptsExhausted"))
+    );
+    assert!(h.live_pod_names("lost").await.is_empty());
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn ticks_get_one_decision_each_with_catch_up_forbid_and_suspend() {
+    let h = Harness::new("it-ticks").await;
+    h.create_job(
+        "tick",
+        json!({"schedule": "*/10 * * * * *", "catchUp": "Latest", "concurrencyPolicy": "Forbid"}),
+    )
+    .await;
+    h.settle("tick", 1).await; // nothing due yet
+    // 35 s later: three or four ticks are due; Latest runs the newest and misses the others.
+    h.advance(Duration::from_secs(35));
+    h.settle("tick", 2).await;
+    let decisions = h.decisions("tick").await;
+    let runs: Vec<_> = decisions
+        .iter()
+        .filter(|(_, d)| matches!(d, Decision::RunId(_)))
+        .collect();
+    let missed = decisions
+        .iter()
+        .filter(|(_, d)| matches!(d, Decision::Missed(r) if r == "Superseded"))
+        .count();
+    assert_eq!(runs.len(), 1, "{decisions:?}");
+    assert!(missed >= 2, "{decisions:?}");
+    assert_eq!(
+        &decisions.last().unwrap().1,
+        &runs[0].1,
+        "the newest tick runs"
+    );
+    // The run is still active at the next tick: Forbid skips it.
+    h.advance(Duration::from_secs(10));
+    h.settle("tick", 1).await;
+    let last = h.decisions("tick").await.last().cloned().unwrap();
+    assert_eq!(last.1, Decision::Skipped("ConcurrencyForbid".into()));
+    // Suspended: the next tick is skipped as Suspended, and no pod is made.
+    let pods_before = h.job_pods("tick").await.len();
+    let patch = json!({"spec": {"suspend": true}});
+    h.jobs()
+        .patch(
+            "tick",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    h.advance(Duration::from_secs(10));
+    h.settle("tick", 2).await;
+    let last = h.decisions("tick").await.last().cloned().unwrap();
+    assert_eq!(last.1, Decision::Skipped("Suspended".into()));
+    assert_eq!(h.job_pods("tick").await.len(), pods_before);
+    let s = status(&h.job("tick").await);
+    assert_eq!(s.counters.skipped, 2);
+    assert!(s.counters.missed >= 2);
+    assert!(s.last_schedule_time.is_some() && s.next_schedule_time.is_some());
+    let reasons = h.event_reasons("tick").await;
+    for r in ["RunMissed", "RunSkipped", "RunDispatched"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} in {reasons:?}");
+    }
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_deadline_turns_a_late_tick_into_a_miss() {
+    let h = Harness::new("it-deadline").await;
+    h.create_job(
+        "late",
+        json!({"schedule": "*/10 * * * * *", "catchUp": "All", "startingDeadlineSeconds": 15}),
+    )
+    .await;
+    h.advance(Duration::from_secs(41));
+    h.settle("late", 1).await;
+    let decisions = h.decisions("late").await;
+    let deadline = decisions
+        .iter()
+        .filter(|(_, d)| matches!(d, Decision::Missed(r) if r == "DeadlineExceeded"))
+        .count();
+    let runs = decisions
+        .iter()
+        .filter(|(_, d)| matches!(d, Decision::RunId(_)))
+        .count();
+    assert!(deadline >= 2, "{decisions:?}");
+    assert!(
+        (1..=2).contains(&runs),
+        "only ticks within 15 s run: {decisions:?}"
+    );
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn replace_cancels_the_active_run_for_the_new_tick() {
+    let h = Harness::new("it-replace").await;
+    h.create_job(
+        "rep",
+        json!({"schedule": "*/10 * * * * *", "concurrencyPolicy": "Replace"}),
+    )
+    .await;
+    h.advance(Duration::from_secs(11));
+    h.settle("rep", 1).await;
+    let first = h.live_pod_names("rep").await;
+    assert_eq!(first.len(), 1);
+    h.advance(Duration::from_secs(10));
+    h.settle("rep", 2).await;
+    let live = h.live_pod_names("rep").await;
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_ne!(live, first);
+    let old_run = first[0].trim_end_matches("-1");
+    let old = h.lease("rep", old_run).await.unwrap();
+    assert_eq!(state(&old).status.as_str(), "cancelled");
+    assert!(old.is_released());
+    let s = status(&h.job("rep").await);
+    assert_eq!((s.counters.cancelled, s.counters.active), (1, 1));
+    h.cleanup().await;
+}
+
+/// I5: a crash after any number of mutating requests (bucket or API server), followed by a
+/// healthy controller, converges to the same state as no crash at all.
+#[tokio::test]
+async fn a_crash_between_any_two_steps_converges() {
+    let h = Harness::new("it-crash").await;
+    let mut crashed_somewhere = 0;
+    for n in 0..14 {
+        let name = format!("c{n}");
+        h.create_job(&name, json!({})).await;
+        // Dispatch, crashing after n mutating requests.
+        let budget = Budget::crash_after(n);
+        let cx = h.context(&budget);
+        let _ = h.reconcile_with(&cx, &name).await;
+        if budget.crashed() {
+            crashed_somewhere += 1;
+        }
+        h.settle(&name, 3).await;
+        let pod = format!("{name}-once-1");
+        assert_eq!(
+            h.live_pod_names(&name).await,
+            vec![pod.clone()],
+            "crash after {n}: one pod, epoch 1"
+        );
+        let lease = h.lease(&name, &format!("{name}-once")).await.unwrap();
+        assert_eq!(lease.epoch, 1, "crash after {n}: one epoch");
+        let holder = h.secret_holder(&pod).await.expect("the holder Secret");
+        assert!(
+            lease.is_held_by(&holder),
+            "crash after {n}: the Secret holds the lease's holder"
+        );
+        let secret = h.secrets().get(&format!("{pod}-holder")).await.unwrap();
+        assert_eq!(
+            secret.owner_references()[0].kind,
+            "Pod",
+            "crash after {n}: the pod owns the Secret"
+        );
+
+        // Completion, crashing after n mutating requests.
+        h.finish_pod(&pod, 0).await;
+        let budget = Budget::crash_after(n);
+        let cx = h.context(&budget);
+        let _ = h.reconcile_with(&cx, &name).await;
+        h.settle(&name, 3).await;
+        let lease = h.lease(&name, &format!("{name}-once")).await.unwrap();
+        assert!(lease.is_released(), "crash after {n}: released");
+        assert_eq!(
+            state(&lease).status.as_str(),
+            "succeeded",
+            "crash after {n}"
+        );
+        assert_eq!(
+            h.job_pods(&name).await.len(),
+            1,
+            "crash after {n}: never respawned"
+        );
+        let s = status(&h.job(&name).await);
+        assert_eq!(
+            (s.counters.succeeded, s.counters.active),
+            (1, 0),
+            "crash after {n}: counted once"
+        );
+    }
+    assert!(
+        crashed_somewhere >= 8,
+        "the budgets must cut the pass at many points: {crashed_somewhere}"
+    );
+    h.cleanup().await;
+}
+
+/// I1 and I3 with two controllers reconciling the same job at the same instants.
+#[tokio::test]
+async fn two_controllers_at_once_keep_one_decision_and_one_epoch_per_run() {
+    let h = Harness::new("it-two").await;
+    h.create_job(
+        "dup",
+        json!({"schedule": "*/5 * * * * *", "concurrencyPolicy": "Allow"}),
+    )
+    .await;
+    let (a, b) = (
+        h.context(&Budget::unlimited()),
+        h.context(&Budget::unlimited()),
+    );
+    for step in 0..12 {
+        h.advance(Duration::from_secs(5));
+        let (ra, rb) = tokio::join!(h.reconcile_with(&a, "dup"), h.reconcile_with(&b, "dup"));
+        ra.unwrap_or_else(|e| panic!("controller A, step {step}: {e}"));
+        rb.unwrap_or_else(|e| panic!("controller B, step {step}: {e}"));
+        // Finish every pod that exists, so runs complete while both controllers race.
+        for pod in h.job_pods("dup").await {
+            let ended = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
+            if !ended && step % 2 == 0 {
+                h.finish_pod(&pod.name_any(), 0).await;
+            }
+        }
+    }
+    let (ra, rb) = tokio::join!(h.reconcile_with(&a, "dup"), h.reconcile_with(&b, "dup"));
+    ra.unwrap();
+    rb.unwrap();
+    let decisions = h.decisions("dup").await;
+    let runs: Vec<String> = decisions
+        .iter()
+        .filter_map(|(_, d)| match d {
+            Decision::RunId(r) => Some(r.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(runs.len() >= 10, "{decisions:?}");
+    for run in &runs {
+        let lease = h.lease("dup", run).await.expect("a lease per run");
+        assert_eq!(lease.epoch, 1, "run {run} was acquired once");
+    }
+    let mut by_run = std::collections::BTreeMap::<String, usize>::new();
+    for pod in h.job_pods("dup").await {
+        *by_run
+            .entry(pod.labels()["cojob.dev/run"].clone())
+            .or_default() += 1;
+        assert_eq!(pod.labels()["cojob.dev/epoch"], "1");
+    }
+    assert!(
+        by_run.values().all(|n| *n == 1),
+        "one pod per run: {by_run:?}"
+    );
+    let s = status(&h.job("dup").await);
+    assert_eq!(
+        (s.counters.succeeded + s.counters.active) as usize,
+        runs.len(),
+        "every run counted exactly once: {:?}",
+        s.counters
+    );
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn deleting_the_job_cancels_active_runs_through_the_finalizer() {
+    let h = Harness::new("it-final").await;
+    h.create_job("bye", json!({})).await;
+    h.settle("bye", 1).await;
+    let job = h.job("bye").await;
+    assert!(
+        job.finalizers()
+            .iter()
+            .any(|f| f == "cojob.dev/cancel-runs")
+    );
+    let keys = h.keys("bye").await;
+    h.jobs().delete("bye", &Default::default()).await.unwrap();
+    h.settle("bye", 1).await;
+    let lease =
+        h.db.inspect_lease(&keys.lease("bye-once"))
+            .await
+            .unwrap()
+            .unwrap();
+    let st = state(&lease);
+    assert_eq!(st.status.as_str(), "cancelled");
+    assert!(st.cancel_requested && lease.is_released());
+    for _ in 0..50 {
+        if h.jobs().get_opt("bye").await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        h.jobs().get_opt("bye").await.unwrap().is_none(),
+        "the finalizer was removed"
+    );
+    assert!(
+        h.live_pod_names("bye").await.is_empty(),
+        "the run's pod was stopped"
+    );
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_recreated_job_starts_afresh() {
+    let h = Harness::new("it-again").await;
+    h.create_job("again", json!({})).await;
+    h.settle("again", 1).await;
+    h.finish_pod("again-once-1", 0).await;
+    h.settle("again", 2).await;
+    let first = h.keys("again").await;
+    h.jobs().delete("again", &Default::default()).await.unwrap();
+    h.settle("again", 1).await;
+    h.delete_pod_now("again-once-1").await;
+    h.create_job("again", json!({})).await;
+    h.settle("again", 2).await;
+    let second = h.keys("again").await;
+    assert_ne!(first, second);
+    assert_eq!(h.live_pod_names("again").await, ["again-once-1"]);
+    let lease = h.lease("again", "again-once").await.unwrap();
+    assert_eq!(state(&lease).status.as_str(), "pending");
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unparseable_schedule_is_a_condition_and_an_event_not_a_crash() {
+    let h = Harness::new("it-invalid").await;
+    // Five fields, so the schema admits it; cron does not.
+    h.create_job("bad", json!({"schedule": "61 * * * *"})).await;
+    h.settle("bad", 2).await;
+    let s = status(&h.job("bad").await);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(ready.message.contains("61"), "{}", ready.message);
+    assert!(
+        h.event_reasons("bad")
+            .await
+            .iter()
+            .any(|r| r == "InvalidSpec")
+    );
+    assert!(h.job_pods("bad").await.is_empty());
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_store_is_a_condition_and_an_event() {
+    let h = Harness::new("it-down").await;
+    h.create_job("dark", json!({})).await;
+    let cx = h.context(&Budget::store_down());
+    let err = h
+        .reconcile_with(&cx, "dark")
+        .await
+        .expect_err("the store is down");
+    assert!(err.is_store(), "{err}");
+    let action = cojob_controller::reconcile::error_policy(
+        std::sync::Arc::new(h.job("dark").await),
+        &err,
+        cx,
+    );
+    assert_eq!(
+        action,
+        kube::runtime::controller::Action::requeue(Duration::from_secs(5)),
+        "no hot loop"
+    );
+    let s = status(&h.job("dark").await);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "StoreUnavailable")
+    );
+    assert!(
+        h.event_reasons("dark")
+            .await
+            .iter()
+            .any(|r| r == "StoreUnavailable")
+    );
+    assert!(h.job_pods("dark").await.is_empty());
+    // Back up: it recovers.
+    h.settle("dark", 1).await;
+    assert_eq!(h.live_pod_names("dark").await, ["dark-once-1"]);
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_foreign_document_at_a_lease_key_is_reported_and_left_untouched() {
+    let h = Harness::new("it-foreign").await;
+    h.create_job("alien", json!({})).await;
+    let key = h.keys("alien").await.lease("alien-once");
+    h.db.store()
+        .put(
+            &key,
+            bytes::Bytes::from_static(b"not a lease"),
+            cojob::PutMode::IfAbsent,
+        )
+        .await
+        .unwrap();
+    let cx = h.context(&Budget::unlimited());
+    let err = h
+        .reconcile_with(&cx, "alien")
+        .await
+        .expect_err("a foreign lease");
+    assert!(
+        err.to_string().contains("not a valid lease document"),
+        "{err}"
+    );
+    let (body, _) = h.db.store().get(&key).await.unwrap().unwrap();
+    assert_eq!(&body[..], b"not a lease", "nothing overwritten");
+    assert!(h.job_pods("alien").await.is_empty());
+    let s = status(&h.job("alien").await);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "False");
+    h.cleanup().await;
+}

@@ -1,0 +1,465 @@
+//! The harness of the controller's integration tests: a real kube-apiserver (from
+//! `KUBECONFIG`, the local cluster of `e2e/cluster/up`) and a real S3 server
+//! (`COJOB_TEST_S3_URL`). No kubelet runs the pods: they carry a node selector no node matches,
+//! and the tests write their phases. Time is a fake clock the tests move.
+//!
+//! A [`Budget`] simulates a crash: it lets the first N mutating requests through, to the bucket
+//! and to the API server alike, and fails every one after it, as if the process had died there.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use cojob::clock::FakeClock;
+use cojob::error::Op;
+use cojob::store::{Backend, ObjectStoreBackend, StoredObject};
+use cojob::{Db, LeaseInfo, PutMode, PutOutcome, Store, StoreError};
+use cojob_controller::context::{Context, Settings};
+use cojob_controller::crd::CoordinatedJob;
+use cojob_controller::index::Decision;
+use cojob_controller::layout::JobKeys;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Client, Config, ResourceExt};
+use serde_json::{Value, json};
+
+const CRD: &str = include_str!("../../../crds/coordinatedjob.yaml");
+
+/// A required environment variable; its absence fails the test (never a skip).
+pub fn required_env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run `source /var/lib/cojob-e2e/env` after `e2e/cluster/up` (ci/test does)")
+    })
+}
+
+/// How many mutating requests may still succeed; `None` is unlimited.
+#[derive(Clone, Debug, Default)]
+pub struct Budget {
+    left: Option<Arc<AtomicI64>>,
+    down: Arc<AtomicBool>,
+}
+
+impl Budget {
+    /// Unlimited.
+    pub fn unlimited() -> Budget {
+        Budget::default()
+    }
+
+    /// The first `n` mutating requests succeed, then every one fails.
+    pub fn crash_after(n: i64) -> Budget {
+        Budget {
+            left: Some(Arc::new(AtomicI64::new(n))),
+            down: Arc::default(),
+        }
+    }
+
+    /// Every store request fails (reads too): the bucket is unreachable.
+    pub fn store_down() -> Budget {
+        Budget {
+            left: None,
+            down: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    fn spend(&self) -> bool {
+        match &self.left {
+            None => true,
+            Some(left) => left.fetch_sub(1, Ordering::SeqCst) > 0,
+        }
+    }
+
+    /// True once the budget ran out.
+    pub fn crashed(&self) -> bool {
+        self.left
+            .as_ref()
+            .is_some_and(|l| l.load(Ordering::SeqCst) < 0)
+    }
+}
+
+/// A backend that fails mutating requests once its budget is spent.
+#[derive(Debug)]
+struct CrashBackend {
+    inner: ObjectStoreBackend,
+    budget: Budget,
+}
+
+fn crashed(op: Op, key: &str) -> StoreError {
+    StoreError::Unavailable {
+        op,
+        key: key.into(),
+        source: "injected crash".into(),
+    }
+}
+
+#[async_trait]
+impl Backend for CrashBackend {
+    async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        if self.budget.down.load(Ordering::SeqCst) {
+            return Err(crashed(Op::Get, key));
+        }
+        self.inner.get(key).await
+    }
+    async fn put(
+        &self,
+        key: &str,
+        body: Bytes,
+        mode: &PutMode,
+        token: &str,
+    ) -> Result<PutOutcome, StoreError> {
+        if self.budget.down.load(Ordering::SeqCst) || !self.budget.spend() {
+            return Err(crashed(Op::PutIfMatch, key));
+        }
+        self.inner.put(key, body, mode, token).await
+    }
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        if self.budget.down.load(Ordering::SeqCst) || !self.budget.spend() {
+            return Err(crashed(Op::Delete, key));
+        }
+        self.inner.delete(key).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.list(prefix).await
+    }
+}
+
+/// One test's namespace, bucket prefix and fake clock.
+pub struct Harness {
+    /// An unrestricted client.
+    pub client: Client,
+    /// The test's namespace.
+    pub ns: String,
+    /// The bucket URL (a fresh prefix).
+    pub bucket: String,
+    /// An unrestricted view of the bucket, on the fake clock.
+    pub db: Db,
+    /// The fake clock every context shares.
+    pub clock: FakeClock,
+    config: Config,
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = Utc::now().timestamp_nanos_opt().unwrap_or_default();
+    format!("{prefix}-{:x}", nanos & 0xff_ffff_ffff)
+}
+
+impl Harness {
+    /// Creates a namespace and a bucket prefix, and installs the CRD.
+    pub async fn new(prefix: &str) -> Harness {
+        required_env("KUBECONFIG");
+        let s3 = required_env("COJOB_TEST_S3_URL");
+        let config = Config::infer().await.expect("kubeconfig");
+        let client = Client::try_from(config.clone()).expect("client");
+        install_crd(&client).await;
+        let ns = unique(prefix);
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+            )
+            .await
+            .expect("create namespace");
+        let bucket = format!("{}/{}", s3.trim_end_matches('/'), ns);
+        let clock = FakeClock::at(Utc::now());
+        let db = Db::new(Store::open(&bucket).await.expect("open S3")).with_clock(clock.clone());
+        Harness {
+            client,
+            ns,
+            bucket,
+            db,
+            clock,
+            config,
+        }
+    }
+
+    /// A controller context whose bucket and API requests spend `budget`.
+    pub fn context(&self, budget: &Budget) -> Arc<Context> {
+        let url = url::Url::parse(&self.bucket).unwrap();
+        let (inner, prefix) = ObjectStoreBackend::from_url(&url).unwrap();
+        let store = Store::new(
+            CrashBackend {
+                inner,
+                budget: budget.clone(),
+            },
+            &prefix,
+        );
+        let db = Db::new(store).with_clock(self.clock.clone());
+        let api_budget = budget.clone();
+        let filter =
+            tower::filter::FilterLayer::new(move |req: http::Request<kube::client::Body>| {
+                let mutating = req.method() != http::Method::GET;
+                if mutating && !api_budget.spend() {
+                    return Err::<_, tower::BoxError>("injected crash".into());
+                }
+                Ok(req)
+            });
+        let client = kube::client::ClientBuilder::try_from(self.config.clone())
+            .unwrap()
+            .with_layer(&filter)
+            .build();
+        let reporter = Reporter {
+            controller: "cojob-controller".into(),
+            instance: Some("integration".into()),
+        };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            db,
+            settings: Settings {
+                sidecar_image: "localhost/cojob/cojob:dev".into(),
+                bucket: self.bucket.clone(),
+                forwarded_env: [("AWS_REGION".to_string(), "us-east-1".to_string())].into(),
+                sweep_interval: Duration::from_secs(1),
+            },
+        })
+    }
+
+    /// The CoordinatedJob API of the namespace.
+    pub fn jobs(&self) -> Api<CoordinatedJob> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The Pod API of the namespace.
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// The Secret API of the namespace.
+    pub fn secrets(&self) -> Api<Secret> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates a CoordinatedJob from a spec (merged over a default template whose pods no
+    /// node runs).
+    pub async fn create_job(&self, name: &str, spec: Value) -> CoordinatedJob {
+        let mut full = json!({
+            "lease": {"ttlSeconds": 300},
+            "template": {"spec": {
+                "nodeSelector": {"cojob.dev/integration-test": "no-such-node"},
+                "containers": [{"name": "main", "image": "localhost/cojob/busybox:e2e"}]
+            }}
+        });
+        merge(&mut full, spec);
+        let job: CoordinatedJob = serde_json::from_value(json!({
+            "apiVersion": "cojob.dev/v1alpha1",
+            "kind": "CoordinatedJob",
+            "metadata": {"name": name, "namespace": self.ns},
+            "spec": full,
+        }))
+        .expect("a valid CoordinatedJob");
+        self.jobs()
+            .create(&PostParams::default(), &job)
+            .await
+            .expect("create CoordinatedJob")
+    }
+
+    /// The job as stored now.
+    pub async fn job(&self, name: &str) -> CoordinatedJob {
+        self.jobs().get(name).await.expect("get CoordinatedJob")
+    }
+
+    /// One reconcile pass of `name` with `cx`, on the object as stored now.
+    pub async fn reconcile_with(
+        &self,
+        cx: &Arc<Context>,
+        name: &str,
+    ) -> Result<Action, cojob_controller::reconcile::Error> {
+        let job = Arc::new(self.job(name).await);
+        cojob_controller::reconcile::reconcile(job, cx.clone()).await
+    }
+
+    /// `n` healthy reconcile passes; each must succeed.
+    pub async fn settle(&self, name: &str, n: usize) {
+        let cx = self.context(&Budget::unlimited());
+        for i in 0..n {
+            let Some(job) = self.jobs().get_opt(name).await.expect("get CoordinatedJob") else {
+                return; // deleted: its finalizer is done
+            };
+            let result = cojob_controller::reconcile::reconcile(Arc::new(job), cx.clone()).await;
+            if let Err(e) = result {
+                panic!("reconcile pass {i} of {name} failed: {e}");
+            }
+        }
+    }
+
+    /// The job's keys in the bucket.
+    pub async fn keys(&self, name: &str) -> JobKeys {
+        let job = self.job(name).await;
+        JobKeys::new(&self.ns, name, &job.uid().unwrap())
+    }
+
+    /// A run's lease.
+    pub async fn lease(&self, name: &str, run_id: &str) -> Option<LeaseInfo> {
+        let key = self.keys(name).await.lease(run_id);
+        self.db.inspect_lease(&key).await.expect("read lease")
+    }
+
+    /// Every tick decision of the job, by tick key suffix.
+    pub async fn decisions(&self, name: &str) -> Vec<(String, Decision)> {
+        let keys = self.keys(name).await;
+        let folder = format!("{}/ticks", keys.base());
+        let mut out = Vec::new();
+        for key in self.db.store().list(&folder).await.expect("list ticks") {
+            let (body, _) = self.db.store().get(&key).await.unwrap().expect("claim");
+            let decision: Decision = serde_json::from_slice(&body).expect("a decision");
+            out.push((key.rsplit('/').next().unwrap().to_string(), decision));
+        }
+        out
+    }
+
+    /// The job's pods, sorted by name.
+    pub async fn job_pods(&self, name: &str) -> Vec<Pod> {
+        let lp = ListParams::default().labels(&format!("cojob.dev/job={name}"));
+        let mut pods = self.pods().list(&lp).await.expect("list pods").items;
+        pods.sort_by_key(|p| p.name_any());
+        pods
+    }
+
+    /// Names of the job's pods that are not being deleted.
+    pub async fn live_pod_names(&self, name: &str) -> Vec<String> {
+        self.job_pods(name)
+            .await
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect()
+    }
+
+    /// Plays the kubelet: the pod's main container ended with `exit_code`.
+    pub async fn finish_pod(&self, pod: &str, exit_code: i32) {
+        let phase = if exit_code == 0 {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
+        let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let status = json!({"status": {
+            "phase": phase,
+            "containerStatuses": [{
+                "name": "main", "image": "localhost/cojob/busybox:e2e", "imageID": "",
+                "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code, "reason": if exit_code == 0 {"Completed"} else {"Error"}, "startedAt": now, "finishedAt": now}}
+            }]
+        }});
+        self.pods()
+            .patch_status(pod, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("set the phase of pod {pod}: {e}"));
+    }
+
+    /// Deletes a pod at once (no kubelet is there to stop it).
+    pub async fn delete_pod_now(&self, pod: &str) {
+        let _ = self
+            .pods()
+            .delete(pod, &DeleteParams::default().grace_period(0))
+            .await;
+        for _ in 0..50 {
+            if self.pods().get_opt(pod).await.unwrap().is_none() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("pod {pod} was not deleted");
+    }
+
+    /// The reasons of the Events about the job, in no particular order.
+    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
+        let lp = ListParams::default().fields(&format!("regarding.name={name}"));
+        events
+            .list(&lp)
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    /// The holder kept in a pod's Secret.
+    pub async fn secret_holder(&self, pod: &str) -> Option<String> {
+        let secret = self
+            .secrets()
+            .get_opt(&format!("{pod}-holder"))
+            .await
+            .unwrap()?;
+        let bytes = secret.data?.get("holder")?.0.clone();
+        String::from_utf8(bytes).ok()
+    }
+
+    /// Moves the fake clock.
+    pub fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+    }
+
+    /// The fake clock's time.
+    pub fn now(&self) -> DateTime<Utc> {
+        cojob::clock::Clock::now(&self.clock)
+    }
+
+    /// Deletes the namespace, first removing finalizers the controller under test left.
+    pub async fn cleanup(self) {
+        if let Ok(list) = self.jobs().list(&ListParams::default()).await {
+            for job in list.items {
+                let patch = json!({"metadata": {"finalizers": null}});
+                let _ = self
+                    .jobs()
+                    .patch(
+                        &job.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await;
+            }
+        }
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces.delete(&self.ns, &DeleteParams::default()).await;
+    }
+}
+
+fn merge(base: &mut Value, patch: Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+async fn install_crd(client: &Client) {
+    let crd: CustomResourceDefinition = serde_yaml::from_str(CRD).expect("the CRD parses");
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap();
+    crds.patch(
+        &name,
+        &PatchParams::apply("cojob-integration").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("install the CRD");
+    for _ in 0..100 {
+        let got = crds.get(&name).await.expect("get CRD");
+        let established = got
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the CRD did not become established");
+}
