@@ -172,7 +172,13 @@ pub async fn sync_run(
     match step {
         Step::Dispatch => dispatch(scope, run, lease.as_ref()).await,
         Step::Finished(state) => Ok(finished(run, lease.as_ref(), &state)),
-        Step::Wait => Ok(active(lease.as_ref(), current)),
+        Step::Wait => {
+            if let (Some(l), Some(pod)) = (&lease, current) {
+                // A crash may have come between creating the pod and handing it its Secret.
+                adopt_secret(scope, &holder_secret_name(&run.run_id, l.epoch), pod).await?;
+            }
+            Ok(active(lease.as_ref(), current))
+        }
         Step::CreatePod => {
             let Some(l) = &lease else {
                 return Ok(active(None, None));
@@ -464,11 +470,17 @@ async fn spawn(
     Ok(Some(name))
 }
 
-/// Makes the pod the owner of its holder Secret, so the Secret goes with the pod.
+/// Makes the pod the owner of its holder Secret, so the Secret goes with the pod. One read when
+/// it already is.
 async fn adopt_secret(scope: &JobScope<'_>, secret: &str, pod: &Pod) -> Result<(), SweepError> {
     let Some(uid) = pod.uid() else {
         return Ok(());
     };
+    match scope.secrets.get_opt(secret).await? {
+        Some(s) if s.owner_references().iter().any(|o| o.uid == uid) => return Ok(()),
+        None => return Ok(()),
+        Some(_) => {}
+    }
     let owner = OwnerReference {
         api_version: Pod::api_version(&()).into_owned(),
         kind: Pod::kind(&()).into_owned(),
