@@ -107,23 +107,71 @@ impl<T: Serialize + DeserializeOwned> Doc<T> {
 
     /// Like [`update`](Self::update), but `f` can abort with an error, and then nothing is
     /// written ([`Error::Aborted`]).
-    pub async fn try_update<F, E>(&self, mut f: F, create: Option<T>) -> Result<(T, Version)>
+    pub async fn try_update<F, E>(&self, f: F, create: Option<T>) -> Result<(T, Version)>
     where
         F: FnMut(T) -> Result<T, E>,
         E: Into<BoxError>,
     {
         let key = self.db.key(&self.key)?;
+        let current = match self.db.store().get_object(&key).await? {
+            Some(object) => Some((parse_json(&key, &object.body)?, object.version)),
+            None => None,
+        };
+        self.update_loop(key, current, f, create).await
+    }
+
+    /// Like [`try_update`](Self::try_update), but starts from `known`, a value and version the
+    /// caller read earlier (from [`get`](Self::get)), instead of reading again: one request
+    /// fewer when `known` is still current. A stale `known` costs nothing but the lost
+    /// compare-and-swap, which returns the current document. `known = None` means "absent".
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// let db = cojob::Db::open("memory://").await?;
+    /// let doc = db.doc::<u64>("n");
+    /// doc.set(&1).await?;
+    /// let known = doc.get().await?;
+    /// let before = db.store().stats();
+    /// let (n, _) = doc.update_from(known, |n| Ok::<_, cojob::BoxError>(n + 1), None).await?;
+    /// assert_eq!(n, 2);
+    /// assert_eq!(db.store().stats().since(&before).gets(), 0);
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn update_from<F, E>(
+        &self,
+        known: Option<(T, Version)>,
+        f: F,
+        create: Option<T>,
+    ) -> Result<(T, Version)>
+    where
+        F: FnMut(T) -> Result<T, E>,
+        E: Into<BoxError>,
+    {
+        let key = self.db.key(&self.key)?;
+        let current = known
+            .map(|(value, version)| Ok::<_, Error>((to_json(&key, &value)?, version)))
+            .transpose()?;
+        self.update_loop(key, current, f, create).await
+    }
+
+    async fn update_loop<F, E>(
+        &self,
+        key: String,
+        mut current: Option<(Value, Version)>,
+        mut f: F,
+        create: Option<T>,
+    ) -> Result<(T, Version)>
+    where
+        F: FnMut(T) -> Result<T, E>,
+        E: Into<BoxError>,
+    {
         let create: Option<Value> = create.map(|c| to_json(&key, &c)).transpose()?;
-        let mut current = self.db.store().get_object(&key).await?;
         for attempt in 0..self.max_attempts {
             if attempt > 0 {
                 backoff(attempt).await;
             }
             let (value, mode) = match current {
-                Some(object) => (
-                    parse_json(&key, &object.body)?,
-                    PutMode::IfMatch(object.version),
-                ),
+                Some((value, version)) => (value, PutMode::IfMatch(version)),
                 None => match &create {
                     Some(c) => (c.clone(), PutMode::IfAbsent),
                     None => return Err(Error::NotFound { key }),
@@ -136,7 +184,12 @@ impl<T: Serialize + DeserializeOwned> Doc<T> {
             let body = encode(&key, &to_json(&key, &next)?)?;
             match self.db.store().put(&key, body, mode).await? {
                 PutOutcome::Written(version) => return Ok((next, version)),
-                PutOutcome::Conflict(now_stored) => current = now_stored,
+                PutOutcome::Conflict(now_stored) => {
+                    current = match now_stored {
+                        Some(object) => Some((parse_json(&key, &object.body)?, object.version)),
+                        None => None,
+                    };
+                }
             }
         }
         Err(Error::Contention {

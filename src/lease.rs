@@ -176,6 +176,15 @@ pub struct LeaseInfo {
 }
 
 impl LeaseInfo {
+    fn to_doc(&self) -> LeaseDoc {
+        LeaseDoc {
+            deadline_at: self.deadline,
+            epoch: self.epoch,
+            holder: self.holder.clone(),
+            state: self.state.clone(),
+        }
+    }
+
     /// True once released (no holder).
     pub fn is_released(&self) -> bool {
         self.holder.is_none()
@@ -457,7 +466,45 @@ impl Db {
         let key = self.key(key)?;
         check_ttl(opts.ttl)?;
         check_holder(&opts.holder)?;
-        let mut current = parse_lease(&key, self.store().get_object(&key).await?)?;
+        let current = parse_lease(&key, self.store().get_object(&key).await?)?;
+        self.acquire(key, opts, current).await
+    }
+
+    /// Like [`lease`](Self::lease), but starts from `known`, the lease as the caller read it
+    /// with [`inspect_lease`](Self::inspect_lease) (`None`: absent), instead of reading again.
+    /// A stale `known` only costs the lost compare-and-swap, which returns the current document.
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// let known = db.inspect_lease("l").await?;
+    /// let before = db.store().stats();
+    /// let lease = db.lease_from("l", LeaseOptions::new("w1", Duration::from_secs(30)), known.as_ref()).await?;
+    /// assert_eq!(lease.expect("free").epoch(), 1);
+    /// assert_eq!(db.store().stats().since(&before).gets(), 0);
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn lease_from(
+        &self,
+        key: &str,
+        opts: LeaseOptions,
+        known: Option<&LeaseInfo>,
+    ) -> Result<Option<Lease>> {
+        let key = self.key(key)?;
+        check_ttl(opts.ttl)?;
+        check_holder(&opts.holder)?;
+        let current = known.map(|k| (k.to_doc(), k.version.clone()));
+        self.acquire(key, opts, current).await
+    }
+
+    async fn acquire(
+        &self,
+        key: String,
+        opts: LeaseOptions,
+        mut current: Option<(LeaseDoc, Version)>,
+    ) -> Result<Option<Lease>> {
         for _ in 0..self.max_attempts() {
             let now = self.clock().now();
             if let Some((doc, _)) = &current {
@@ -537,7 +584,40 @@ impl Db {
         let key = self.key(key)?;
         check_ttl(ttl)?;
         check_holder(holder)?;
-        let Some((doc, version)) = parse_lease(&key, self.store().get_object(&key).await?)? else {
+        let current = parse_lease(&key, self.store().get_object(&key).await?)?;
+        self.attach(key, holder, ttl, current)
+    }
+
+    /// Like [`attach_lease`](Self::attach_lease), but from `known`, the lease as the caller
+    /// read it with [`inspect_lease`](Self::inspect_lease): no request at all. If `known` is
+    /// stale, the handle's first write finds out (and reports [`Error::LeaseLost`] when the
+    /// ownership period ended).
+    pub fn attach_lease_from(
+        &self,
+        key: &str,
+        known: &LeaseInfo,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Lease>> {
+        let key = self.key(key)?;
+        check_ttl(ttl)?;
+        check_holder(holder)?;
+        self.attach(
+            key,
+            holder,
+            ttl,
+            Some((known.to_doc(), known.version.clone())),
+        )
+    }
+
+    fn attach(
+        &self,
+        key: String,
+        holder: &str,
+        ttl: Duration,
+        current: Option<(LeaseDoc, Version)>,
+    ) -> Result<Option<Lease>> {
+        let Some((doc, version)) = current else {
             return Ok(None);
         };
         if doc.holder.as_deref() != Some(holder) || doc.expired_at(self.clock().now()) {

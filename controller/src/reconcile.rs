@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use cojob::Doc;
+use cojob::{Doc, Version};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -193,43 +193,52 @@ async fn sweep(
     }
 }
 
-/// Applies `change` to the index by compare-and-swap, unless it changes nothing.
+/// The index as last read or written, with its version (`None`: not stored yet).
+type KnownIndex = Option<(JobIndex, Version)>;
+
+fn index_of(known: &KnownIndex) -> JobIndex {
+    known.as_ref().map(|(i, _)| i.clone()).unwrap_or_default()
+}
+
+/// Applies `change` to the index by compare-and-swap from the known version (no extra read),
+/// unless it changes nothing.
 async fn update_index(
     doc: &Doc<JobIndex>,
-    index: &JobIndex,
+    known: KnownIndex,
     mut change: impl FnMut(&mut JobIndex),
-) -> Result<JobIndex, Error> {
-    let mut preview = index.clone();
+) -> Result<KnownIndex, Error> {
+    let mut preview = index_of(&known);
     change(&mut preview);
-    if &preview == index {
-        return Ok(preview);
+    if preview == index_of(&known) {
+        return Ok(known);
     }
-    let (stored, _) = doc
-        .update(
+    let stored = doc
+        .update_from(
+            known,
             |mut i| {
                 change(&mut i);
-                i
+                Ok::<_, cojob::BoxError>(i)
             },
             Some(JobIndex::default()),
         )
         .await?;
-    Ok(stored)
+    Ok(Some(stored))
 }
 
 async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synced, Error> {
     let db = &scope.cx.db;
     let spec = &scope.job.spec;
     let doc = db.doc::<JobIndex>(&scope.keys.index());
-    let mut index = doc.get().await?.map(|(i, _)| i).unwrap_or_default();
+    let mut known = doc.get().await?;
     let pods = list_pods(scope).await?;
     let limits = history_limits(spec);
 
     // Sweep the active runs first, so the concurrency policy sees runs that just ended.
-    let runs = index.active.clone();
+    let runs = index_of(&known).active;
     let (mut active, finished) = sweep(scope, &runs, &pods).await?;
     let mut dropped = Vec::new();
     if !finished.is_empty() {
-        index = update_index(&doc, &index, |i| {
+        known = update_index(&doc, known, |i| {
             dropped = i.record_finished(&finished, limits);
         })
         .await?;
@@ -237,9 +246,10 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
 
     // Decide the due ticks.
     let now = db.clock().now();
-    let (decisions, next, missed_before) = decide_ticks(scope, schedule, &index, now).await?;
+    let (decisions, next, missed_before) =
+        decide_ticks(scope, schedule, &index_of(&known), now).await?;
     if !decisions.is_empty() || missed_before.is_some() {
-        index = update_index(&doc, &index, |i| {
+        known = update_index(&doc, known, |i| {
             if let Some(before) = missed_before {
                 i.record_missed_range(before);
             }
@@ -247,6 +257,7 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
         })
         .await?;
     }
+    let index = index_of(&known);
     let new_runs: Vec<ActiveRun> = index
         .active
         .iter()
@@ -270,11 +281,12 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
     let (started, finished_now) = sweep(scope, &new_runs, &pods).await?;
     active.extend(started);
     if !finished_now.is_empty() {
-        index = update_index(&doc, &index, |i| {
+        known = update_index(&doc, known, |i| {
             dropped.extend(i.record_finished(&finished_now, limits));
         })
         .await?;
     }
+    let index = index_of(&known);
     collect_garbage(scope, &index, &pods, &dropped).await?;
     active.retain(|a| index.active.iter().any(|r| r.run_id == a.run_id));
 
@@ -536,7 +548,8 @@ pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let doc = scope.cx.db.doc::<JobIndex>(&scope.keys.index());
-    let index = doc.get().await?.map(|(i, _)| i).unwrap_or_default();
+    let known = doc.get().await?;
+    let index = index_of(&known);
     let pods = list_pods(scope).await?;
     let empty = RunPods::new();
     for run in &index.active {
@@ -544,10 +557,11 @@ pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
     }
     let (_, finished) = sweep(scope, &index.active, &pods).await?;
     let limits = history_limits(&scope.job.spec);
-    let index = update_index(&doc, &index, |i| {
+    let known = update_index(&doc, known, |i| {
         i.record_finished(&finished, limits);
     })
     .await?;
+    let index = index_of(&known);
     if !index.active.is_empty() {
         tracing::info!(job = %scope.name, active = index.active.len(), "waiting for runs to stop before removing the finalizer");
         return Ok(Action::requeue(Duration::from_secs(2)));

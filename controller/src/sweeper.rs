@@ -342,7 +342,7 @@ async fn dispatch(
     };
     let opts = LeaseOptions::new(holder.clone(), scope.ttl())
         .state_fn(move |p| run::acquire(p, &acquire).map_err(Into::into));
-    let mut lease = match db.lease(&key, opts).await {
+    let mut lease = match db.lease_from(&key, opts, prev).await {
         Ok(Some(lease)) => lease,
         Ok(None) => {
             // Held by someone else and not expired: another controller is ahead of us.
@@ -513,17 +513,27 @@ async fn complete(
     let key = scope.keys.lease(&run.run_id);
     let holder = read_holder(scope, &holder_secret_name(&run.run_id, lease.epoch)).await?;
     let attached = match &holder {
-        Some(h) => db.attach_lease(&key, h, scope.ttl()).await?,
+        Some(h) => db.attach_lease_from(&key, lease, h, scope.ttl())?,
         None => None,
     };
     let now = now_str(scope);
     let max = scope.max_attempts();
+    let mut released = None;
     let (state, phase) = match attached {
         Some(mut handle) => {
             let (state, phase) = run::complete(handle.state(), outcome, max, &now)
                 .map_err(|r| foreign(&run.run_id, r))?;
             match handle.release(Some(state.clone())).await {
-                Ok(()) => (state, phase),
+                Ok(()) => {
+                    released = Some(LeaseInfo {
+                        epoch: handle.epoch(),
+                        holder: None,
+                        deadline: handle.deadline(),
+                        state: handle.state().clone(),
+                        version: handle.version().clone(),
+                    });
+                    (state, phase)
+                }
                 Err(e) if e.is_lease_lost() => return Ok(active(Some(lease), None)),
                 Err(e) => return Err(e.into()),
             }
@@ -545,7 +555,7 @@ async fn complete(
                 }
                 Ok(run::complete(&p, &outcome, max, &now2)?.0)
             });
-            match db.lease(&key, opts).await {
+            match db.lease_from(&key, opts, Some(lease)).await {
                 Ok(Some(mut handle)) => {
                     let state = handle.state().clone();
                     let phase = RunState::parse(&state)
@@ -575,7 +585,10 @@ async fn complete(
                 ),
             )
             .await;
-        let released = db.inspect_lease(&key).await?;
+        let released = match released {
+            Some(info) => Some(info),
+            None => db.inspect_lease(&key).await?,
+        };
         return dispatch(scope, run, released.as_ref()).await;
     }
     announce_end(scope, run, &parsed).await;
@@ -656,7 +669,7 @@ pub async fn cancel_run(
                 }),
             })
         });
-        return match db.lease(&key, opts).await {
+        return match db.lease_from(&key, opts, lease.as_ref()).await {
             Ok(Some(mut handle)) => {
                 handle.release(None).await?;
                 Ok(true)

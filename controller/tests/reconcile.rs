@@ -567,3 +567,46 @@ async fn a_foreign_document_at_a_lease_key_is_reported_and_left_untouched() {
     assert_eq!(ready.status, "False");
     h.cleanup().await;
 }
+
+/// The bucket requests of a run's life, counted (see docs/benchmarks.md); each is the minimum.
+/// Dispatch: read the index, claim the tick, write the index, read the lease, acquire it.
+/// An idle sweep: read the index and the lease. Completion: read the index and the lease,
+/// release (attached from what was read), write the index.
+#[tokio::test]
+async fn store_requests_per_run_are_counted() {
+    let h = Harness::new("it-count").await;
+    h.create_job("count", json!({})).await;
+    let cx = h.context(&Budget::unlimited());
+    let before = cx.db.store().stats();
+    h.reconcile_with(&cx, "count").await.unwrap();
+    let dispatch = cx.db.store().stats().since(&before);
+    let before = cx.db.store().stats();
+    h.reconcile_with(&cx, "count").await.unwrap();
+    let idle = cx.db.store().stats().since(&before);
+    h.finish_pod("count-once-1", 0).await;
+    let before = cx.db.store().stats();
+    h.reconcile_with(&cx, "count").await.unwrap();
+    let complete = cx.db.store().stats().since(&before);
+    println!(
+        "store requests: dispatch {} gets + {} puts; idle sweep {} gets + {} puts; completion {} gets + {} puts",
+        dispatch.gets(),
+        dispatch.puts(),
+        idle.gets(),
+        idle.puts(),
+        complete.gets(),
+        complete.puts()
+    );
+    assert_eq!((dispatch.gets(), dispatch.puts()), (2, 3), "dispatch");
+    assert_eq!(
+        (idle.gets(), idle.puts()),
+        (2, 0),
+        "an idle sweep reads the index and the lease"
+    );
+    assert_eq!((complete.gets(), complete.puts()), (2, 2), "completion");
+    assert_eq!(
+        dispatch.requests(cojob::error::Op::List),
+        0,
+        "never a listing"
+    );
+    h.cleanup().await;
+}
