@@ -99,19 +99,25 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 /// Arguments of `cojob drain`.
 #[derive(Debug, clap::Args)]
 pub struct DrainArgs {
+    /// Drain only this namespace (default: all namespaces).
+    #[arg(long, env = "COJOB_WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
     /// How long to wait for the objects to go.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
 }
 
-/// Deletes every CoordinatedJob in every namespace and waits until they are gone (their
+/// Deletes every CoordinatedJob (in every namespace, or in `--namespace`) and waits until they are gone (their
 /// finalizers cancel active runs), so that uninstalling leaves nothing behind. A missing CRD
 /// means there is nothing to drain.
 pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
-    let api: Api<CoordinatedJob> = Api::all(client.clone());
+    let api: Api<CoordinatedJob> = match &args.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     let deadline = tokio::time::Instant::now() + args.timeout;
     loop {
         let jobs = match api.list(&ListParams::default()).await {

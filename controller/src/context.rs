@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -128,12 +128,25 @@ impl<'a> JobScope<'a> {
 
     /// Publishes an Event about the job; a failure to publish is logged, never fatal.
     pub async fn event(&self, type_: EventType, reason: &str, note: String) {
+        self.run_event(type_, reason, note, None).await;
+    }
+
+    /// Publishes an Event about the job that concerns one pod (its `related` object), so that
+    /// the events of different runs are not merged into one series.
+    pub async fn run_event(&self, type_: EventType, reason: &str, note: String, pod: Option<&str>) {
+        let secondary = pod.map(|name| ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(name.into()),
+            namespace: Some(self.namespace.clone()),
+            ..ObjectReference::default()
+        });
         let ev = Event {
             type_,
             reason: reason.into(),
             note: Some(note),
             action: reason.into(),
-            secondary: None,
+            secondary,
         };
         if let Err(e) = self
             .cx

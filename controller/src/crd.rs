@@ -58,7 +58,7 @@ use serde::{Deserialize, Serialize};
     ),
     printcolumn(
         name = "Next Schedule",
-        type_ = "date",
+        type_ = "string",
         json_path = ".status.nextScheduleTime",
         priority = "1"
     ),

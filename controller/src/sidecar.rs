@@ -111,6 +111,10 @@ pub async fn run(
         mark(dir, "lease_lost", "not attached\n");
         return Ok(Outcome::NotAttached);
     };
+    // The controller's acquisition set the deadline; start a full ttl from now.
+    if let Err(e) = lease.renew().await {
+        tracing::warn!(key = args.lease_key, error = %e, "first renewal failed");
+    }
     let started = cojob::json::format_time(chrono::Utc::now());
     let (pod, node) = (args.pod.clone(), args.node.clone());
     let first = lease
@@ -146,6 +150,11 @@ pub async fn run(
         }
         tokio::select! {
             () = &mut shutdown => {
+                // One last renewal gives the controller a full ttl to see the pod end and
+                // release with its result, instead of finding the lease expired.
+                if let Err(e) = lease.renew().await {
+                    tracing::warn!(key = args.lease_key, error = %e, "last renewal failed");
+                }
                 tracing::info!("stopping on signal; the controller releases the lease");
                 return Ok(Outcome::Stopped);
             }

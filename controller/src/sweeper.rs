@@ -24,6 +24,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
@@ -176,6 +177,7 @@ pub async fn sync_run(
             if let (Some(l), Some(pod)) = (&lease, current) {
                 // A crash may have come between creating the pod and handing it its Secret.
                 adopt_secret(scope, &holder_secret_name(&run.run_id, l.epoch), pod).await?;
+                keep_pending_alive(scope, run, l, pod).await?;
             }
             Ok(active(lease.as_ref(), current))
         }
@@ -200,13 +202,16 @@ pub async fn sync_run(
             if let Some(l) = &lease
                 && epoch > l.epoch
             {
+                let stale = format!("{}-{}", run.run_id, l.epoch);
                 scope
-                    .warning(
+                    .run_event(
+                        EventType::Warning,
                         "LeaseLost",
                         format!(
                             "run {}: the lease of epoch {} expired (pod gone or silent); taken over by epoch {epoch}",
                             run.run_id, l.epoch
                         ),
+                        Some(&stale),
                     )
                     .await;
                 fence(scope, run, pods, epoch).await?;
@@ -214,6 +219,44 @@ pub async fn sync_run(
             Ok(report)
         }
     }
+}
+
+/// Renews the lease for a pod that has not started yet (unscheduled, pulling its image): its
+/// sidecar cannot renew before it runs, and a slow start is not a lost run. Like a Job's pod,
+/// a pending pod waits as long as it takes (bounded by `activeDeadlineSeconds` once it is
+/// placed). The renewal is due when a third of the ttl has passed, so it costs one write every
+/// ttl/3 per pending run.
+async fn keep_pending_alive(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    pod: &Pod,
+) -> Result<(), SweepError> {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let pending = matches!(phase, None | Some("Pending"))
+        && RunState::parse(&lease.state).is_ok_and(|s| s.status == RunPhase::Pending);
+    let ttl = scope.ttl();
+    let left = (lease.deadline - scope.cx.db.clock().now())
+        .to_std()
+        .unwrap_or_default();
+    if !pending || left > ttl * 2 / 3 {
+        return Ok(());
+    }
+    let Some(holder) = read_holder(scope, &holder_secret_name(&run.run_id, lease.epoch)).await?
+    else {
+        return Ok(());
+    };
+    let key = scope.keys.lease(&run.run_id);
+    if let Some(mut handle) = scope.cx.db.attach_lease_from(&key, lease, &holder, ttl)? {
+        match handle.renew().await {
+            Ok(()) => {
+                tracing::debug!(job = %scope.name, run = %run.run_id, "renewed the lease of a pending pod")
+            }
+            Err(e) if e.is_lease_lost() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 fn active(lease: Option<&LeaseInfo>, pod: Option<&Pod>) -> RunReport {
@@ -342,6 +385,7 @@ async fn dispatch(
     };
     let opts = LeaseOptions::new(holder.clone(), scope.ttl())
         .state_fn(move |p| run::acquire(p, &acquire).map_err(Into::into));
+    let mut acquired_here = true;
     let mut lease = match db.lease_from(&key, opts, prev).await {
         Ok(Some(lease)) => lease,
         Ok(None) => {
@@ -351,6 +395,7 @@ async fn dispatch(
         }
         Err(StoreError::Aborted { source, .. }) => match source.downcast_ref::<Refusal>() {
             Some(Refusal::AlreadyDispatched) => {
+                acquired_here = false;
                 match db.attach_lease(&key, &holder, scope.ttl()).await? {
                     Some(lease) => lease,
                     None => {
@@ -383,7 +428,7 @@ async fn dispatch(
             .secrets
             .delete(&secret, &DeleteParams::default())
             .await;
-        announce_end(scope, run, &state).await;
+        announce_end(scope, run, &state, epoch).await;
         let info = LeaseInfo {
             epoch,
             holder: None,
@@ -411,10 +456,16 @@ async fn dispatch(
         state.attempt,
         pod.as_deref().unwrap_or("?")
     );
-    if state.attempt <= 1 {
-        scope.normal("RunDispatched", note).await;
-    } else {
-        scope.normal("RunRespawned", note).await;
+    // Announced by the controller that acquired the epoch, not by one that attached to it.
+    if acquired_here {
+        let reason = if state.attempt <= 1 {
+            "RunDispatched"
+        } else {
+            "RunRespawned"
+        };
+        scope
+            .run_event(EventType::Normal, reason, note, pod.as_deref())
+            .await;
     }
     tracing::info!(job = %scope.name, run = %run.run_id, epoch, attempt = state.attempt, "run dispatched");
     Ok(RunReport::Active {
@@ -575,7 +626,8 @@ async fn complete(
     let parsed = RunState::parse(&state).map_err(|r| foreign(&run.run_id, r))?;
     if phase == RunPhase::Retrying {
         scope
-            .warning(
+            .run_event(
+                EventType::Warning,
                 "RunRetrying",
                 format!(
                     "run {} attempt {} failed (exit code {}); retrying",
@@ -583,6 +635,7 @@ async fn complete(
                     parsed.attempt,
                     parsed.exit_code.map_or("none".into(), |c| c.to_string())
                 ),
+                Some(&format!("{}-{}", run.run_id, lease.epoch)),
             )
             .await;
         let released = match released {
@@ -591,7 +644,7 @@ async fn complete(
         };
         return dispatch(scope, run, released.as_ref()).await;
     }
-    announce_end(scope, run, &parsed).await;
+    announce_end(scope, run, &parsed, lease.epoch).await;
     let info = LeaseInfo {
         holder: None,
         state,
@@ -600,38 +653,34 @@ async fn complete(
     Ok(finished(run, Some(&info), &parsed))
 }
 
-async fn announce_end(scope: &JobScope<'_>, run: &ActiveRun, state: &RunState) {
+async fn announce_end(scope: &JobScope<'_>, run: &ActiveRun, state: &RunState, epoch: u64) {
     let code = state
         .exit_code
         .map_or_else(|| "none".to_string(), |c| c.to_string());
-    match state.status {
-        RunPhase::Succeeded => {
-            scope
-                .normal(
-                    "RunSucceeded",
-                    format!("run {} succeeded on attempt {}", run.run_id, state.attempt),
-                )
-                .await
-        }
-        RunPhase::Cancelled => {
-            scope
-                .normal("RunCancelled", format!("run {} cancelled", run.run_id))
-                .await
-        }
-        _ => {
-            scope
-                .warning(
-                    "RunFailed",
-                    format!(
-                        "run {} failed after {} attempt(s) (exit code {code}, reason {})",
-                        run.run_id,
-                        state.attempt,
-                        state.reason.as_deref().unwrap_or("Error")
-                    ),
-                )
-                .await
-        }
-    }
+    let pod = format!("{}-{epoch}", run.run_id);
+    let (type_, reason, note) = match state.status {
+        RunPhase::Succeeded => (
+            EventType::Normal,
+            "RunSucceeded",
+            format!("run {} succeeded on attempt {}", run.run_id, state.attempt),
+        ),
+        RunPhase::Cancelled => (
+            EventType::Normal,
+            "RunCancelled",
+            format!("run {} cancelled", run.run_id),
+        ),
+        _ => (
+            EventType::Warning,
+            "RunFailed",
+            format!(
+                "run {} failed after {} attempt(s) (exit code {code}, reason {})",
+                run.run_id,
+                state.attempt,
+                state.reason.as_deref().unwrap_or("Error")
+            ),
+        ),
+    };
+    scope.run_event(type_, reason, note, Some(&pod)).await;
 }
 
 /// Cancels a run cooperatively: marks `cancel_requested` (the sidecar shows it to the

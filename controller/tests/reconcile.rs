@@ -140,6 +140,7 @@ async fn an_expired_lease_is_stolen_the_stale_pod_fenced_and_attempts_bounded() 
     .await;
     h.settle("lost", 1).await;
     assert_eq!(h.live_pod_names("lost").await, ["lost-once-1"]);
+    h.start_pod("lost-once-1").await;
     // Not expired yet: nothing moves.
     h.advance(Duration::from_secs(29));
     h.settle("lost", 1).await;
@@ -154,6 +155,7 @@ async fn an_expired_lease_is_stolen_the_stale_pod_fenced_and_attempts_bounded() 
         ["lost-once-2"],
         "epoch 1 fenced and deleted"
     );
+    h.start_pod("lost-once-2").await;
     let reasons = h.event_reasons("lost").await;
     assert!(reasons.iter().any(|r| r == "LeaseLost"), "{reasons:?}");
     assert!(reasons.iter().any(|r| r == "RunRespawned"), "{reasons:?}");
@@ -167,6 +169,32 @@ async fn an_expired_lease_is_stolen_the_stale_pod_fenced_and_attempts_bounded() 
         ("failed", Some("AttemptsExhausted"))
     );
     assert!(h.live_pod_names("lost").await.is_empty());
+    h.cleanup().await;
+}
+
+/// A pod that has not started (unscheduled, pulling its image) cannot renew through its
+/// sidecar; the controller keeps its lease, so a slow start costs no attempt.
+#[tokio::test]
+async fn a_pod_pending_longer_than_the_ttl_keeps_its_lease() {
+    let h = Harness::new("it-pending").await;
+    h.create_job(
+        "slow",
+        json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("slow", 1).await;
+    for _ in 0..6 {
+        h.advance(Duration::from_secs(12));
+        h.settle("slow", 1).await;
+    }
+    let lease = h.lease("slow", "slow-once").await.unwrap();
+    assert_eq!(
+        (lease.epoch, state(&lease).attempt),
+        (1, 1),
+        "72 s pending, no attempt spent"
+    );
+    assert!(!lease.is_expired_at(h.now()));
+    assert_eq!(h.live_pod_names("slow").await, ["slow-once-1"]);
     h.cleanup().await;
 }
 

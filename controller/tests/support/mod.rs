@@ -356,6 +356,15 @@ impl Harness {
             .unwrap_or_else(|e| panic!("set the phase of pod {pod}: {e}"));
     }
 
+    /// Plays the kubelet: the pod started (its sidecar, in these tests, never renews).
+    pub async fn start_pod(&self, pod: &str) {
+        let status = json!({"status": {"phase": "Running"}});
+        self.pods()
+            .patch_status(pod, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("set the phase of pod {pod}: {e}"));
+    }
+
     /// Deletes a pod at once (no kubelet is there to stop it).
     pub async fn delete_pod_now(&self, pod: &str) {
         let _ = self
