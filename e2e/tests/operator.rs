@@ -294,6 +294,24 @@ async fn once_lease(
     Ok(row.lease.clone())
 }
 
+/// Waits until the one-shot run's lease is terminal, and returns it.
+async fn terminal_once_lease(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    what: &str,
+    timeout: Duration,
+) -> anyhow::Result<LeaseView> {
+    wait_for(what, timeout, || async {
+        match once_lease(ctx, ns, name, uid).await? {
+            Some(l) if l.is_terminal() => Ok(Some(l)),
+            other => Err(anyhow!("lease: {other:?}")),
+        }
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------------------------
 // a. install
 
@@ -823,15 +841,13 @@ async fn released_on_success(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     let name = "once-ok";
     create_job(&ctx, &ns, name, spec("sleep 3", json!({}))).await?;
     let uid = job_uid(&ctx, &ns, name).await?;
-    let lease = wait_for(
+    let lease = terminal_once_lease(
+        &ctx,
+        &ns,
+        name,
+        &uid,
         "the one-shot run to succeed",
         Duration::from_secs(90),
-        || async {
-            match once_lease(&ctx, &ns, name, &uid).await? {
-                Some(l) if l.is_terminal() => Ok(Some(l)),
-                other => Err(anyhow!("lease: {other:?}")),
-            }
-        },
     )
     .await?;
     ensure!(
@@ -1003,12 +1019,14 @@ async fn failing_pod_retried(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     )
     .await?;
     let uid = job_uid(&ctx, &ns, name).await?;
-    let lease = wait_for("the run to fail", Duration::from_secs(120), || async {
-        match once_lease(&ctx, &ns, name, &uid).await? {
-            Some(l) if l.is_terminal() => Ok(Some(l)),
-            other => Err(anyhow!("lease: {other:?}")),
-        }
-    })
+    let lease = terminal_once_lease(
+        &ctx,
+        &ns,
+        name,
+        &uid,
+        "the run to fail",
+        Duration::from_secs(120),
+    )
     .await?;
     ensure!(
         lease.status() == Some("failed"),
