@@ -527,7 +527,15 @@ impl Db {
             };
             let doc = LeaseDoc {
                 deadline_at: deadline(self, opts.ttl)?,
-                epoch: current.as_ref().map_or(0, |(d, _)| d.epoch) + 1,
+                epoch: current
+                    .as_ref()
+                    .map_or(0, |(d, _)| d.epoch)
+                    .checked_add(1)
+                    .ok_or_else(|| Error::Corrupt {
+                        key: key.clone(),
+                        expected: "lease document".into(),
+                        detail: "the epoch cannot grow any further".into(),
+                    })?,
                 holder: Some(opts.holder.clone()),
                 state,
             };

@@ -79,7 +79,11 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let settings = Settings {
         sidecar_image: args.sidecar_image,
         bucket: args.bucket,
-        forwarded_env: forwarded_env(&args.forward_env, std::env::vars()),
+        forwarded_env: forwarded_env(
+            &args.forward_env,
+            std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        ),
         sweep_interval: args.sweep_interval,
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
     status = "CoordinatedJobStatus",
     derive = "PartialEq",
     doc = "A job that runs exactly once per schedule tick, fenced through an object-storage bucket",
+    validation = Rule::new("size(self.metadata.name) <= 40").message("metadata.name must be at most 40 characters, so run, pod and Secret names stay unique and within Kubernetes' 63-character limits"),
     printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
     printcolumn(
         name = "Time Zone",

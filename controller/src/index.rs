@@ -82,8 +82,10 @@ pub struct Counters {
     pub missed: u64,
 }
 
-/// The index document.
+/// The index document. Unknown fields are refused: an object cojob did not write is reported
+/// as corrupt, never rewritten.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct JobIndex {
     /// The newest tick decided, formatted; ticks up to it are never planned again.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -32,6 +32,13 @@ enum Command {
     },
     /// Keeps a run's lease alive from inside its pod (the injected native sidecar).
     Sidecar(cojob_controller::sidecar::Args),
+    /// The sidecar's startup probe: exits 0 once the sidecar holds the lease.
+    #[command(hide = true)]
+    Ready {
+        /// The shared volume.
+        #[arg(long, env = "COJOB_SHARED_DIR", default_value = cojob_controller::pod::SHARED_MOUNT)]
+        shared_dir: std::path::PathBuf,
+    },
     /// Test helper: writes `<key>/started`, waits for SIGTERM, writes `<key>/stopped`.
     #[command(hide = true)]
     SmokeSidecar(smoke::Args),
@@ -85,5 +92,12 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(outcome.exit_code());
         }
         Command::SmokeSidecar(args) => smoke::run(args).await,
+        Command::Ready { shared_dir } => {
+            if cojob_controller::sidecar::ready(&shared_dir) {
+                Ok(())
+            } else {
+                std::process::exit(1);
+            }
+        }
     }
 }

@@ -5,8 +5,8 @@
 //! its creation is idempotent (a second create gets `AlreadyExists`).
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvFromSource, EnvVar, EnvVarSource, Pod, SecretEnvSource,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, EnvFromSource, EnvVar, EnvVarSource, ExecAction, Pod, Probe,
+    SecretEnvSource, SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use std::collections::BTreeMap;
@@ -25,6 +25,10 @@ pub const SHARED_VOLUME: &str = "cojob";
 pub const SHARED_MOUNT: &str = "/var/run/cojob";
 /// The key of the holder in the run's Secret.
 pub const HOLDER_KEY: &str = "holder";
+/// Where the cojob image keeps its binary (the sidecar's startup probe runs it).
+pub const SIDECAR_BINARY: &str = "/cojob";
+/// How many one-second startup probes may fail before the kubelet restarts the sidecar.
+pub const STARTUP_PROBE_FAILURES: i32 = 300;
 
 /// Everything that identifies one attempt of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +137,15 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
         image: Some(cfg.image.clone()),
         args: Some(vec!["sidecar".into()]),
         restart_policy: Some("Always".into()),
+        // The workload's containers start only once the sidecar holds the lease.
+        startup_probe: Some(Probe {
+            exec: Some(ExecAction {
+                command: Some(vec![SIDECAR_BINARY.into(), "ready".into()]),
+            }),
+            period_seconds: Some(1),
+            failure_threshold: Some(STARTUP_PROBE_FAILURES),
+            ..Probe::default()
+        }),
         env: Some(env_vars),
         // The run's Secret also carries the store credentials forwarded by the controller.
         env_from: Some(vec![EnvFromSource {
@@ -285,6 +298,12 @@ mod tests {
         let init = spec.init_containers.unwrap();
         assert_eq!(init[0].name, SIDECAR_NAME);
         assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+        let probe = init[0].startup_probe.clone().expect("a startup probe");
+        assert_eq!(
+            probe.exec.and_then(|e| e.command),
+            Some(vec!["/cojob".to_string(), "ready".to_string()]),
+            "the workload waits until the sidecar holds the lease"
+        );
         assert_eq!(init[1].name, "setup");
         let sc = init[0].security_context.clone().unwrap();
         assert_eq!(

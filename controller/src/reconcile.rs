@@ -93,7 +93,15 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
         return finalize(&scope).await;
     }
     if !job.finalizers().iter().any(|f| f == FINALIZER) {
-        set_finalizers(&scope, |f| f.push(FINALIZER.into())).await?;
+        match set_finalizers(&scope, |f| f.push(FINALIZER.into())).await {
+            Ok(()) => {}
+            // Modified meanwhile (often by another replica adding the same finalizer): the
+            // change comes back through the watch, and the next pass adds it if still missing.
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
+                tracing::debug!(job = %scope.name, "finalizer not added yet: the object changed")
+            }
+            Err(e) => return Err(e),
+        }
     }
     let schedule = match parse_schedule(&job.spec) {
         Ok(s) => s,
@@ -155,15 +163,24 @@ async fn list_pods(scope: &JobScope<'_>) -> Result<BTreeMap<String, RunPods>, Er
     Ok(sweeper::group_pods(scope, pods))
 }
 
-/// Sweeps the given runs; returns the reports of those still active and the finished ones.
+/// What a sweep of some runs found.
+#[derive(Default)]
+struct Swept {
+    active: Vec<RunStatus>,
+    finished: Vec<FinishedRun>,
+    /// Runs that could not be driven, with why. One run's trouble never stops the others or
+    /// the tick decisions; it is reported after the pass.
+    errors: Vec<(String, SweepError)>,
+}
+
+/// Sweeps the given runs.
 async fn sweep(
     scope: &JobScope<'_>,
     runs: &[ActiveRun],
     pods: &BTreeMap<String, RunPods>,
-) -> Result<(Vec<RunStatus>, Vec<FinishedRun>), Error> {
+) -> Swept {
     let empty = RunPods::new();
-    let (mut active, mut finished) = (Vec::new(), Vec::new());
-    let mut first_error = None;
+    let mut out = Swept::default();
     for run in runs {
         match sweeper::sync_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await {
             Ok(RunReport::Active {
@@ -171,7 +188,7 @@ async fn sweep(
                 attempt,
                 pod,
                 phase,
-            }) => active.push(RunStatus {
+            }) => out.active.push(RunStatus {
                 run_id: run.run_id.clone(),
                 tick: run.fire_time.clone().unwrap_or_else(|| "once".into()),
                 epoch: i64::try_from(epoch).unwrap_or(i64::MAX),
@@ -179,18 +196,14 @@ async fn sweep(
                 pod,
                 phase: phase.as_str().into(),
             }),
-            Ok(RunReport::Finished(f)) => finished.push(f),
-            // One run's trouble must not stop the others; the first error is reported.
+            Ok(RunReport::Finished(f)) => out.finished.push(f),
             Err(e) => {
                 tracing::warn!(job = %scope.name, run = %run.run_id, error = %e, "could not sync a run");
-                first_error.get_or_insert(e);
+                out.errors.push((run.run_id.clone(), e));
             }
         }
     }
-    match first_error {
-        Some(e) if finished.is_empty() => Err(e.into()),
-        _ => Ok((active, finished)),
-    }
+    out
 }
 
 /// The index as last read or written, with its version (`None`: not stored yet).
@@ -235,7 +248,11 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
 
     // Sweep the active runs first, so the concurrency policy sees runs that just ended.
     let runs = index_of(&known).active;
-    let (mut active, finished) = sweep(scope, &runs, &pods).await?;
+    let Swept {
+        mut active,
+        finished,
+        mut errors,
+    } = sweep(scope, &runs, &pods).await;
     let mut dropped = Vec::new();
     if !finished.is_empty() {
         known = update_index(&doc, known, |i| {
@@ -264,25 +281,15 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
         .filter(|r| !runs.iter().any(|s| s.run_id == r.run_id))
         .cloned()
         .collect();
-    if !new_runs.is_empty() && spec.concurrency_policy == ConcurrencyPolicy::Replace {
-        for old in &runs {
-            if index.active.iter().any(|a| a.run_id == old.run_id) {
-                let run_pods = pods.get(&old.run_id).cloned().unwrap_or_default();
-                sweeper::cancel_run(scope, old, &run_pods).await?;
-                scope
-                    .normal(
-                        "RunReplaced",
-                        format!("run {} cancelled: a newer tick replaces it", old.run_id),
-                    )
-                    .await;
-            }
-        }
+    if spec.concurrency_policy == ConcurrencyPolicy::Replace {
+        replace_older_runs(scope, &index, &pods).await?;
     }
-    let (started, finished_now) = sweep(scope, &new_runs, &pods).await?;
-    active.extend(started);
-    if !finished_now.is_empty() {
+    let started = sweep(scope, &new_runs, &pods).await;
+    active.extend(started.active);
+    errors.extend(started.errors);
+    if !started.finished.is_empty() {
         known = update_index(&doc, known, |i| {
-            dropped.extend(i.record_finished(&finished_now, limits));
+            dropped.extend(i.record_finished(&started.finished, limits));
         })
         .await?;
     }
@@ -294,7 +301,15 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
         next.map(|n| (n - now).to_std().unwrap_or_default() + Duration::from_millis(50));
     let mut requeue = until_next.unwrap_or(IDLE_RESYNC).min(IDLE_RESYNC);
     if !index.active.is_empty() {
-        requeue = requeue.min(scope.cx.settings.sweep_interval);
+        // At least every sweep interval, and every third of the ttl, so a pending pod's lease
+        // is renewed in time and an expired one is found within ttl + ttl/3.
+        requeue = requeue
+            .min(scope.cx.settings.sweep_interval)
+            .min(scope.ttl() / 3);
+    }
+    if let Some((run, e)) = errors.into_iter().next() {
+        tracing::warn!(job = %scope.name, %run, "a run could not be driven; reporting it");
+        return Err(e.into());
     }
     Ok(Synced {
         index,
@@ -302,6 +317,38 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
         next,
         requeue: requeue.max(Duration::from_millis(100)),
     })
+}
+
+/// `concurrencyPolicy: Replace`: cancels every active run but the newest, on every pass until
+/// they are cancelled, so a crash or a failed cancel is retried.
+async fn replace_older_runs(
+    scope: &JobScope<'_>,
+    index: &JobIndex,
+    pods: &BTreeMap<String, RunPods>,
+) -> Result<(), Error> {
+    let Some(newest) = index
+        .active
+        .iter()
+        .max_by(|a, b| a.fire_time.cmp(&b.fire_time))
+    else {
+        return Ok(());
+    };
+    let empty = RunPods::new();
+    for old in index.active.iter().filter(|r| r.run_id != newest.run_id) {
+        let done = sweeper::cancel_run(scope, old, pods.get(&old.run_id).unwrap_or(&empty)).await?;
+        if done {
+            scope
+                .normal(
+                    "RunReplaced",
+                    format!(
+                        "run {} cancelled: run {} replaces it",
+                        old.run_id, newest.run_id
+                    ),
+                )
+                .await;
+        }
+    }
+    Ok(())
 }
 
 /// Deletes the pods of runs that left the history, and ended pods of runs this job no longer
@@ -553,16 +600,31 @@ pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
     let pods = list_pods(scope).await?;
     let empty = RunPods::new();
     for run in &index.active {
-        sweeper::cancel_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await?;
+        match sweeper::cancel_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await {
+            Ok(_) | Err(SweepError::Foreign { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
-    let (_, finished) = sweep(scope, &index.active, &pods).await?;
+    let swept = sweep(scope, &index.active, &pods).await;
     let limits = history_limits(&scope.job.spec);
     let known = update_index(&doc, known, |i| {
-        i.record_finished(&finished, limits);
+        i.record_finished(&swept.finished, limits);
     })
     .await?;
     let index = index_of(&known);
-    if !index.active.is_empty() {
+    // Runs whose lease holds something cojob did not write are left as they are; they do not
+    // keep the object from going.
+    let foreign: Vec<&str> = swept
+        .errors
+        .iter()
+        .filter(|(_, e)| matches!(e, SweepError::Foreign { .. }))
+        .map(|(r, _)| r.as_str())
+        .collect();
+    if index
+        .active
+        .iter()
+        .any(|r| !foreign.contains(&r.run_id.as_str()))
+    {
         tracing::info!(job = %scope.name, active = index.active.len(), "waiting for runs to stop before removing the finalizer");
         return Ok(Action::requeue(Duration::from_secs(2)));
     }

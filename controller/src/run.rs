@@ -70,7 +70,6 @@ impl RunPhase {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct RunState {
     /// The phase.
-    #[serde(default)]
     pub status: RunPhase,
     /// The attempt number, from 1; bumped by every acquisition.
     #[serde(default)]
@@ -115,7 +114,12 @@ impl RunState {
                 "the lease state is {state}, not a run state object"
             )));
         }
-        serde_json::from_value(state.clone()).map_err(|e| Refusal::Foreign(e.to_string()))
+        let parsed: RunState =
+            serde_json::from_value(state.clone()).map_err(|e| Refusal::Foreign(e.to_string()))?;
+        if parsed.run_id.is_empty() {
+            return Err(Refusal::Foreign("the lease state has no run_id".into()));
+        }
+        Ok(parsed)
     }
 }
 
@@ -247,6 +251,10 @@ pub fn complete(
     if state.status.is_terminal() {
         return Err(Refusal::Terminal(state.status));
     }
+    if state.status == RunPhase::Retrying {
+        // Someone recorded this attempt's end already; the next attempt is being dispatched.
+        return Err(Refusal::AlreadyDispatched);
+    }
     let phase = if outcome.succeeded {
         RunPhase::Succeeded
     } else if state.cancel_requested {
@@ -339,7 +347,12 @@ pub fn decide(
         PodView::Ended(outcome) => Ok(Step::Complete(outcome.clone())),
         _ if lease.is_expired_at(now) => Ok(Step::Steal),
         PodView::Live => Ok(Step::Wait),
-        PodView::Absent if never_spawned => Ok(Step::CreatePod),
+        // Only an attempt whose pod never started may have its pod created again.
+        PodView::Absent
+            if never_spawned && state.status == RunPhase::Pending && state.started_at.is_none() =>
+        {
+            Ok(Step::CreatePod)
+        }
         PodView::Absent => Ok(Step::Wait),
     }
 }
@@ -486,9 +499,20 @@ mod tests {
             decide(Some(&held), &PodView::Live, true, now()),
             Ok(Step::Wait)
         );
+        // A missing pod is created again only for an attempt that never started.
+        let pending = lease(
+            json!({"status": "pending", "attempt": 1, "run_id": "r"}),
+            Some("h"),
+            10,
+        );
+        assert_eq!(
+            decide(Some(&pending), &PodView::Absent, true, now()),
+            Ok(Step::CreatePod)
+        );
         assert_eq!(
             decide(Some(&held), &PodView::Absent, true, now()),
-            Ok(Step::CreatePod)
+            Ok(Step::Wait),
+            "a pod that ran and was deleted is never created again under the same epoch"
         );
         assert_eq!(
             decide(Some(&held), &PodView::Absent, false, now()),

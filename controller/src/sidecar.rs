@@ -16,6 +16,15 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The file the sidecar writes in the shared volume once it holds the lease; its startup
+/// probe waits for it, so the workload never starts without a lease.
+pub const ATTACHED_FILE: &str = "attached";
+
+/// `cojob ready`, the sidecar's startup probe: true once the sidecar attached to the lease.
+pub fn ready(shared_dir: &Path) -> bool {
+    shared_dir.join(ATTACHED_FILE).exists()
+}
+
 /// Exit code when the lease was lost.
 pub const EXIT_LEASE_LOST: i32 = 2;
 /// Exit code when the lease could not be attached (absent, released, foreign or expired).
@@ -130,6 +139,10 @@ pub async fn run(
         epoch = lease.epoch(),
         "sidecar attached"
     );
+    if first.is_ok() {
+        // The startup probe (`cojob ready`) passes from now on, and the workload starts.
+        mark(dir, ATTACHED_FILE, &format!("{}\n", lease.epoch()));
+    }
     tokio::pin!(shutdown);
     let mut result = first;
     loop {

@@ -172,7 +172,17 @@ pub async fn sync_run(
     tracing::debug!(job = %scope.name, run = %run.run_id, ?step, "sweep");
     match step {
         Step::Dispatch => dispatch(scope, run, lease.as_ref()).await,
-        Step::Finished(state) => Ok(finished(run, lease.as_ref(), &state)),
+        Step::Finished(state) => {
+            // A pod created by a racing dispatch after the run ended, or left by a crash
+            // between a cancel's release and its pod deletion: stop it (its sidecar cannot
+            // attach, so its workload never started).
+            for pod in pods.values().filter(|p| is_live(p)) {
+                if pod.metadata.deletion_timestamp.is_none() {
+                    delete_pod(scope, &pod.name_any()).await?;
+                }
+            }
+            Ok(finished(run, lease.as_ref(), &state))
+        }
         Step::Wait => {
             if let (Some(l), Some(pod)) = (&lease, current) {
                 // A crash may have come between creating the pod and handing it its Secret.
@@ -234,6 +244,7 @@ async fn keep_pending_alive(
 ) -> Result<(), SweepError> {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     let pending = matches!(phase, None | Some("Pending"))
+        && pod.metadata.deletion_timestamp.is_none()
         && RunState::parse(&lease.state).is_ok_and(|s| s.status == RunPhase::Pending);
     let ttl = scope.ttl();
     let left = (lease.deadline - scope.cx.db.clock().now())
@@ -330,7 +341,7 @@ async fn ensure_holder_secret(
     name: &str,
     epoch: u64,
     holder: String,
-) -> Result<String, SweepError> {
+) -> Result<Option<String>, SweepError> {
     let mut data: BTreeMap<String, ByteString> = scope
         .cx
         .settings
@@ -348,6 +359,10 @@ async fn ensure_holder_secret(
                 (LABEL_RUN.into(), run.run_id.clone()),
                 (LABEL_EPOCH.into(), epoch.to_string()),
             ])),
+            annotations: Some(BTreeMap::from([(
+                ANNOTATION_JOB_UID.into(),
+                scope.uid.clone(),
+            )])),
             owner_references: Some(vec![scope.owner()]),
             ..ObjectMeta::default()
         },
@@ -357,13 +372,28 @@ async fn ensure_holder_secret(
         ..Secret::default()
     };
     match scope.secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(holder),
-        Err(kube::Error::Api(s)) if s.code == 409 => read_holder(scope, name)
-            .await?
-            .ok_or_else(|| SweepError::BadSecret(name.into())),
+        Ok(_) => Ok(Some(holder)),
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let Some(existing) = scope.secrets.get_opt(name).await? else {
+                return Ok(None); // deleted meanwhile: try again next pass
+            };
+            if existing.annotations().get(ANNOTATION_JOB_UID) != Some(&scope.uid) {
+                // A Secret of an older object with the same name (deleted and created again)
+                // is still there; wait for the garbage collector.
+                tracing::info!(job = %scope.name, secret = name, "a Secret of another object has this name; waiting for it to go");
+                return Ok(None);
+            }
+            read_holder(scope, name)
+                .await?
+                .map(Some)
+                .ok_or_else(|| SweepError::BadSecret(name.into()))
+        }
         Err(e) => Err(e.into()),
     }
 }
+
+/// The annotation on holder Secrets naming the UID of the job they belong to.
+pub const ANNOTATION_JOB_UID: &str = "cojob.dev/job-uid";
 
 /// Acquires a new epoch for `run` and spawns its pod. `prev` is the lease as last read.
 async fn dispatch(
@@ -373,9 +403,13 @@ async fn dispatch(
 ) -> Result<RunReport, SweepError> {
     let db = &scope.cx.db;
     let key = scope.keys.lease(&run.run_id);
-    let expected = prev.map_or(1, |l| l.epoch + 1);
+    let expected = prev.map_or(1, |l| l.epoch.saturating_add(1));
     let secret = holder_secret_name(&run.run_id, expected);
-    let holder = ensure_holder_secret(scope, run, &secret, expected, cojob::new_holder()).await?;
+    let Some(holder) =
+        ensure_holder_secret(scope, run, &secret, expected, cojob::new_holder()).await?
+    else {
+        return Ok(active(prev, None));
+    };
     let acquire = Acquire {
         run_id: run.run_id.clone(),
         fire_time: run.fire_time.clone(),
@@ -440,14 +474,25 @@ async fn dispatch(
     }
     if epoch != expected {
         // The lease moved between our read and our write; name the Secret after the epoch won.
-        ensure_holder_secret(
+        let kept = ensure_holder_secret(
             scope,
             run,
             &holder_secret_name(&run.run_id, epoch),
             epoch,
-            holder,
+            holder.clone(),
         )
         .await?;
+        if kept.as_deref() != Some(holder.as_str()) {
+            // Another dispatch named a Secret after this epoch first: its holder is not the
+            // lease's, so a pod using it could never attach. Let the lease expire instead.
+            tracing::warn!(job = %scope.name, run = %run.run_id, epoch, "the Secret of this epoch holds another holder; not spawning");
+            return Ok(RunReport::Active {
+                epoch,
+                attempt: state.attempt,
+                pod: None,
+                phase: state.status,
+            });
+        }
     }
     let pod = spawn(scope, run, epoch, state.attempt).await?;
     let note = format!(
