@@ -127,6 +127,15 @@ async fn invalid_specs_are_rejected_at_apply_time() {
             "maxAttempts must be between 1 and 100",
         ),
     ];
+    let long = "a".repeat(41);
+    let err = create(&long, spec(json!({})))
+        .await
+        .expect_err("a name over 40 characters");
+    assert!(
+        err.to_string()
+            .contains("metadata.name must be at most 40 characters"),
+        "{err}"
+    );
     for (name, patch, expected) in cases {
         let err = create(name, spec(patch)).await.expect_err(name);
         let text = err.to_string();
