@@ -30,6 +30,11 @@ pub struct ControllerArgs {
     /// sidecar (store credentials and endpoints). Empty to copy none.
     #[arg(long, env = "COJOB_FORWARD_ENV", default_value = "AWS_,AZURE_,GOOGLE_")]
     pub forward_env: String,
+    /// The name of a Secret that each run's namespace provides with the sidecar's store
+    /// credentials (scoped to that namespace's jobs). Use it with `--forward-env ""` so the
+    /// controller's own credentials never leave its namespace.
+    #[arg(long, env = "COJOB_SIDECAR_CREDENTIALS_SECRET")]
+    pub sidecar_credentials_secret: Option<String>,
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "COJOB_WATCH_NAMESPACE")]
     pub namespace: Option<String>,
@@ -85,6 +90,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
                 .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
         ),
         sweep_interval: args.sweep_interval,
+        sidecar_credentials_secret: args.sidecar_credentials_secret.filter(|s| !s.is_empty()),
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");
     let cx = Arc::new(Context {

@@ -25,6 +25,8 @@ pub struct Settings {
     pub forwarded_env: BTreeMap<String, String>,
     /// How often active runs' leases are checked.
     pub sweep_interval: Duration,
+    /// A Secret, in each run's namespace, with the sidecar's store credentials.
+    pub sidecar_credentials_secret: Option<String>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -37,6 +39,10 @@ impl std::fmt::Debug for Settings {
                 &self.forwarded_env.keys().collect::<Vec<_>>(),
             )
             .field("sweep_interval", &self.sweep_interval)
+            .field(
+                "sidecar_credentials_secret",
+                &self.sidecar_credentials_secret,
+            )
             .finish()
     }
 }

@@ -69,6 +69,9 @@ pub struct SidecarConfig {
     pub env: Vec<EnvVar>,
     /// The lease ttl in seconds (the sidecar renews every third of it).
     pub ttl_seconds: i64,
+    /// A Secret in the run's namespace whose keys become the sidecar's environment: store
+    /// credentials scoped to that namespace, instead of the controller's forwarded ones.
+    pub credentials_secret: Option<String>,
 }
 
 fn env(name: &str, value: impl Into<String>) -> EnvVar {
@@ -147,14 +150,20 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
             ..Probe::default()
         }),
         env: Some(env_vars),
-        // The run's Secret also carries the store credentials forwarded by the controller.
-        env_from: Some(vec![EnvFromSource {
-            secret_ref: Some(SecretEnvSource {
-                name: run.secret_name(),
-                optional: Some(false),
-            }),
-            ..EnvFromSource::default()
-        }]),
+        // The run's Secret also carries the store credentials forwarded by the controller;
+        // a namespace's own credentials Secret, when configured, comes after and wins.
+        env_from: Some(
+            std::iter::once(run.secret_name())
+                .chain(cfg.credentials_secret.clone())
+                .map(|name| EnvFromSource {
+                    secret_ref: Some(SecretEnvSource {
+                        name,
+                        optional: Some(false),
+                    }),
+                    ..EnvFromSource::default()
+                })
+                .collect(),
+        ),
         volume_mounts: Some(vec![shared_mount()]),
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
@@ -273,6 +282,7 @@ mod tests {
             bucket: "s3://b/p".into(),
             env: vec![env("AWS_REGION", "us-east-1")],
             ttl_seconds: 30,
+            credentials_secret: Some("cojob-store".into()),
         };
         build_pod(&template(), "ns", owner, "nightly", &run(), &cfg, Some(600))
     }
@@ -298,6 +308,13 @@ mod tests {
         let init = spec.init_containers.unwrap();
         assert_eq!(init[0].name, SIDECAR_NAME);
         assert_eq!(init[0].restart_policy.as_deref(), Some("Always"));
+        let from: Vec<String> = init[0]
+            .env_from
+            .iter()
+            .flatten()
+            .filter_map(|e| e.secret_ref.as_ref().map(|r| r.name.clone()))
+            .collect();
+        assert_eq!(from, ["nightly-1786240800-2-holder", "cojob-store"]);
         let probe = init[0].startup_probe.clone().expect("a startup probe");
         assert_eq!(
             probe.exec.and_then(|e| e.command),

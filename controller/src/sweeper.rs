@@ -542,6 +542,7 @@ async fn spawn(
         bucket: settings.bucket.clone(),
         env: Vec::new(),
         ttl_seconds: scope.job.spec.lease.ttl_seconds,
+        credentials_secret: settings.sidecar_credentials_secret.clone(),
     };
     let pod = crate::pod::build_pod(
         &scope.job.spec.template,

@@ -219,6 +219,7 @@ impl Harness {
                 bucket: self.bucket.clone(),
                 forwarded_env: [("AWS_REGION".to_string(), "us-east-1".to_string())].into(),
                 sweep_interval: Duration::from_secs(1),
+                sidecar_credentials_secret: None,
             },
         })
     }
