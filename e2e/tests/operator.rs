@@ -372,15 +372,27 @@ async fn preflight(ctx: &Ctx) -> anyhow::Result<()> {
         .into_iter()
         .filter_map(|n| n.metadata.name)
         .collect();
+    // Objects already being deleted without finalizers (another test's cleanup, a namespace
+    // going away) get a minute to disappear.
     let mut foreign = Vec::new();
-    for job in all.list(&ListParams::default()).await?.items {
-        let ns = job.metadata.namespace.clone().unwrap_or_default();
-        let name = job.metadata.name.clone().unwrap_or_default();
-        if own.contains(&ns) {
-            strip_and_delete(ctx, &ns, &name).await;
-        } else {
-            foreign.push(format!("{ns}/{name}"));
+    for _ in 0..60 {
+        foreign.clear();
+        let mut leaving = false;
+        for job in all.list(&ListParams::default()).await?.items {
+            let ns = job.metadata.namespace.clone().unwrap_or_default();
+            let name = job.metadata.name.clone().unwrap_or_default();
+            if own.contains(&ns) {
+                strip_and_delete(ctx, &ns, &name).await;
+            } else {
+                leaving |= job.metadata.deletion_timestamp.is_some()
+                    && job.metadata.finalizers.as_ref().is_none_or(Vec::is_empty);
+                foreign.push(format!("{ns}/{name}"));
+            }
         }
+        if foreign.is_empty() || !leaving {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     ensure!(
         foreign.is_empty(),

@@ -416,20 +416,27 @@ impl Harness {
         cojob::clock::Clock::now(&self.clock)
     }
 
-    /// Deletes the namespace, first removing finalizers the controller under test left.
+    /// Deletes the test's CoordinatedJobs (removing the finalizers the controller under test
+    /// left) and waits until they are gone, so the next test binary finds none; then deletes
+    /// the namespace.
     pub async fn cleanup(self) {
-        if let Ok(list) = self.jobs().list(&ListParams::default()).await {
+        for _ in 0..100 {
+            let Ok(list) = self.jobs().list(&ListParams::default()).await else {
+                break;
+            };
+            if list.items.is_empty() {
+                break;
+            }
             for job in list.items {
                 let patch = json!({"metadata": {"finalizers": null}});
+                let name = job.name_any();
                 let _ = self
                     .jobs()
-                    .patch(
-                        &job.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await;
+                let _ = self.jobs().delete(&name, &DeleteParams::default()).await;
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let _ = namespaces.delete(&self.ns, &DeleteParams::default()).await;
