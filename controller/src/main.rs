@@ -44,20 +44,25 @@ enum Command {
     SmokeSidecar(smoke::Args),
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT. The handlers are installed at once, when this is called,
+/// not when the future is first polled, so a signal that arrives early is not lost (and does
+/// not kill the process with the default action).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = int.recv() => {},
+    );
+    async move {
+        match handlers {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = int.recv() => {},
+                }
             }
+            _ => std::future::pending().await,
         }
-        _ => std::future::pending().await,
     }
 }
 
