@@ -106,13 +106,7 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
     let schedule = match parse_schedule(&job.spec) {
         Ok(s) => s,
         Err(e) => {
-            let was_invalid = ready_reason(&job) == Some("InvalidSpec");
-            let mut status = job.status.clone().unwrap_or_default();
-            set_ready(&mut status, &job, false, "InvalidSpec", &e.to_string());
-            patch_status(&scope, status).await?;
-            if !was_invalid {
-                scope.warning("InvalidSpec", e.to_string()).await;
-            }
+            report_not_ready(&scope, "InvalidSpec", &e.to_string()).await?;
             return Ok(Action::await_change());
         }
     };
@@ -124,17 +118,26 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
         }
         Err(e) => {
             if e.is_store() {
-                let was_failing = ready_reason(&job) == Some("StoreUnavailable");
-                let mut status = job.status.clone().unwrap_or_default();
-                set_ready(&mut status, &job, false, "StoreUnavailable", &e.to_string());
                 // The API server may be the one failing; the error is returned either way.
-                if patch_status(&scope, status).await.is_ok() && !was_failing {
-                    scope.warning("StoreUnavailable", e.to_string()).await;
-                }
+                let _ = report_not_ready(&scope, "StoreUnavailable", &e.to_string()).await;
             }
             Err(e)
         }
     }
+}
+
+/// Sets `Ready=False` with `reason` and, when the reason is new, publishes a Warning Event
+/// (once the status is written, so a failing API server does not produce events either).
+async fn report_not_ready(scope: &JobScope<'_>, reason: &str, message: &str) -> Result<(), Error> {
+    let job = scope.job;
+    let already = ready_reason(job) == Some(reason);
+    let mut status = job.status.clone().unwrap_or_default();
+    set_ready(&mut status, job, false, reason, message);
+    patch_status(scope, status).await?;
+    if !already {
+        scope.warning(reason, message.to_string()).await;
+    }
+    Ok(())
 }
 
 /// What a successful pass found.

@@ -186,8 +186,9 @@ pub async fn sync_run(
         Step::Wait => {
             if let (Some(l), Some(pod)) = (&lease, current) {
                 // A crash may have come between creating the pod and handing it its Secret.
-                adopt_secret(scope, &holder_secret_name(&run.run_id, l.epoch), pod).await?;
-                keep_pending_alive(scope, run, l, pod).await?;
+                let secret =
+                    adopt_secret(scope, &holder_secret_name(&run.run_id, l.epoch), pod).await?;
+                keep_pending_alive(scope, run, l, pod, secret.as_ref()).await?;
             }
             Ok(active(lease.as_ref(), current))
         }
@@ -241,6 +242,7 @@ async fn keep_pending_alive(
     run: &ActiveRun,
     lease: &LeaseInfo,
     pod: &Pod,
+    secret: Option<&Secret>,
 ) -> Result<(), SweepError> {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     let pending = matches!(phase, None | Some("Pending"))
@@ -253,10 +255,10 @@ async fn keep_pending_alive(
     if !pending || left > ttl * 2 / 3 {
         return Ok(());
     }
-    let Some(holder) = read_holder(scope, &holder_secret_name(&run.run_id, lease.epoch)).await?
-    else {
+    let Some(secret) = secret else {
         return Ok(());
     };
+    let holder = holder_of(secret)?;
     let key = scope.keys.lease(&run.run_id);
     if let Some(mut handle) = scope.cx.db.attach_lease_from(&key, lease, &holder, ttl)? {
         match handle.renew().await {
@@ -320,17 +322,21 @@ pub async fn delete_pod(scope: &JobScope<'_>, name: &str) -> Result<(), SweepErr
 
 /// The holder kept in a run's Secret, if the Secret exists.
 async fn read_holder(scope: &JobScope<'_>, name: &str) -> Result<Option<String>, SweepError> {
-    let Some(secret) = scope.secrets.get_opt(name).await? else {
-        return Ok(None);
-    };
-    let holder = secret
+    match scope.secrets.get_opt(name).await? {
+        Some(secret) => holder_of(&secret).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The holder a run's Secret keeps.
+fn holder_of(secret: &Secret) -> Result<String, SweepError> {
+    secret
         .data
         .as_ref()
         .and_then(|d| d.get(HOLDER_KEY))
         .and_then(|b| String::from_utf8(b.0.clone()).ok())
         .filter(|h| !h.is_empty())
-        .ok_or_else(|| SweepError::BadSecret(name.into()))?;
-    Ok(Some(holder))
+        .ok_or_else(|| SweepError::BadSecret(secret.name_any()))
 }
 
 /// Creates the holder Secret of a dispatch (owned by the job until its pod exists) or, when a
@@ -568,15 +574,18 @@ async fn spawn(
 }
 
 /// Makes the pod the owner of its holder Secret, so the Secret goes with the pod. One read when
-/// it already is.
-async fn adopt_secret(scope: &JobScope<'_>, secret: &str, pod: &Pod) -> Result<(), SweepError> {
-    let Some(uid) = pod.uid() else {
-        return Ok(());
+/// it already is. Returns the Secret as read (`None` when absent).
+async fn adopt_secret(
+    scope: &JobScope<'_>,
+    secret: &str,
+    pod: &Pod,
+) -> Result<Option<Secret>, SweepError> {
+    let found = scope.secrets.get_opt(secret).await?;
+    let (Some(uid), Some(current)) = (pod.uid(), &found) else {
+        return Ok(found);
     };
-    match scope.secrets.get_opt(secret).await? {
-        Some(s) if s.owner_references().iter().any(|o| o.uid == uid) => return Ok(()),
-        None => return Ok(()),
-        Some(_) => {}
+    if current.owner_references().iter().any(|o| o.uid == uid) {
+        return Ok(found);
     }
     let owner = OwnerReference {
         api_version: Pod::api_version(&()).into_owned(),
@@ -592,8 +601,8 @@ async fn adopt_secret(scope: &JobScope<'_>, secret: &str, pod: &Pod) -> Result<(
         .patch(secret, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Ok(patched) => Ok(Some(patched)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
