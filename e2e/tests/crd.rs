@@ -1,42 +1,11 @@
 //! The CoordinatedJob CRD on a real apiserver: it installs, and bad specs are rejected at apply
 //! time with a readable message (schema and CEL), while a good one is accepted.
 
-use cojob_e2e::{TestNamespace, client};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use cojob_e2e::{TestNamespace, client, install_crd};
 use kube::Api;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 use std::time::Duration;
-
-const CRD: &str = include_str!("../../crds/coordinatedjob.yaml");
-
-async fn install_crd(client: &kube::Client) {
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(CRD).expect("crds/coordinatedjob.yaml parses");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.metadata.name.clone().unwrap();
-    crds.patch(
-        &name,
-        &PatchParams::apply("cojob-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("the apiserver accepts the CRD");
-    for _ in 0..60 {
-        let c = crds.get(&name).await.unwrap();
-        let established = c
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    panic!("CRD {name} not established");
-}
 
 fn spec(patch: Value) -> Value {
     let mut spec = json!({
@@ -54,7 +23,7 @@ fn spec(patch: Value) -> Value {
 #[tokio::test]
 async fn invalid_specs_are_rejected_at_apply_time() {
     let client = client().await;
-    install_crd(&client).await;
+    install_crd(&client, "cojob-e2e", Duration::from_secs(30)).await;
     let ns = TestNamespace::create(&client, "crd").await;
     let gvk = GroupVersionKind::gvk("cojob.dev", "v1alpha1", "CoordinatedJob");
     let api: Api<DynamicObject> =

@@ -23,23 +23,14 @@ use cojob_controller::context::{Context, Settings};
 use cojob_controller::crd::CoordinatedJob;
 use cojob_controller::index::Decision;
 use cojob_controller::layout::JobKeys;
+use cojob_e2e::{install_crd, required_env};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, Config, ResourceExt};
 use serde_json::{Value, json};
-
-const CRD: &str = include_str!("../../../crds/coordinatedjob.yaml");
-
-/// A required environment variable; its absence fails the test (never a skip).
-pub fn required_env(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: run `source /var/lib/cojob-e2e/env` after `e2e/cluster/up` (ci/test does)")
-    })
-}
 
 /// How many mutating requests may still succeed; `None` is unlimited.
 #[derive(Clone, Debug, Default)]
@@ -158,7 +149,7 @@ impl Harness {
         let s3 = required_env("COJOB_TEST_S3_URL");
         let config = Config::infer().await.expect("kubeconfig");
         let client = Client::try_from(config.clone()).expect("client");
-        install_crd(&client).await;
+        install_crd(&client, "cojob-integration", Duration::from_secs(10)).await;
         let ns = unique(prefix);
         let namespaces: Api<Namespace> = Api::all(client.clone());
         namespaces
@@ -452,31 +443,4 @@ fn merge(base: &mut Value, patch: Value) {
         }
         (b, p) => *b = p,
     }
-}
-
-async fn install_crd(client: &Client) {
-    let crd: CustomResourceDefinition = serde_yaml::from_str(CRD).expect("the CRD parses");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.metadata.name.clone().unwrap();
-    crds.patch(
-        &name,
-        &PatchParams::apply("cojob-integration").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("install the CRD");
-    for _ in 0..100 {
-        let got = crds.get(&name).await.expect("get CRD");
-        let established = got
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the CRD did not become established");
 }
