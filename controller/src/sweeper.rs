@@ -176,11 +176,7 @@ pub async fn sync_run(
             // A pod created by a racing dispatch after the run ended, or left by a crash
             // between a cancel's release and its pod deletion: stop it (its sidecar cannot
             // attach, so its workload never started).
-            for pod in pods.values().filter(|p| is_live(p)) {
-                if pod.metadata.deletion_timestamp.is_none() {
-                    delete_pod(scope, &pod.name_any()).await?;
-                }
-            }
+            stop_live_pods(scope, pods.values().collect()).await?;
             Ok(finished(run, lease.as_ref(), &state))
         }
         Step::Wait => {
@@ -302,9 +298,16 @@ async fn fence(
     pods: &RunPods,
     epoch: u64,
 ) -> Result<(), SweepError> {
-    for (e, pod) in pods.range(..epoch) {
+    tracing::debug!(job = %scope.name, run = %run.run_id, epoch, "fencing older pods");
+    let older: Vec<&Pod> = pods.range(..epoch).map(|(_, pod)| pod).collect();
+    stop_live_pods(scope, older).await
+}
+
+/// Deletes the pods that still run and are not being deleted already.
+async fn stop_live_pods(scope: &JobScope<'_>, pods: Vec<&Pod>) -> Result<(), SweepError> {
+    for pod in pods {
         if is_live(pod) && pod.metadata.deletion_timestamp.is_none() {
-            tracing::info!(job = %scope.name, run = %run.run_id, epoch = e, "deleting a fenced pod");
+            tracing::info!(job = %scope.name, pod = %pod.name_any(), "deleting a pod");
             delete_pod(scope, &pod.name_any()).await?;
         }
     }
@@ -796,9 +799,7 @@ pub async fn cancel_run(
     let Some(holder) = read_holder(scope, &holder_secret_name(&run.run_id, lease.epoch)).await?
     else {
         // No holder: stop the pods; the lease expires and the sweeper records the cancel.
-        for pod in pods.values().filter(|p| is_live(p)) {
-            delete_pod(scope, &pod.name_any()).await?;
-        }
+        stop_live_pods(scope, pods.values().collect()).await?;
         return Ok(false);
     };
     let Some(mut handle) = db.attach_lease(&key, &holder, scope.ttl()).await? else {
@@ -810,9 +811,7 @@ pub async fn cancel_run(
         Err(e) if e.is_lease_lost() => return Ok(false),
         Err(e) => return Err(e.into()),
     }
-    for pod in pods.values().filter(|p| is_live(p)) {
-        delete_pod(scope, &pod.name_any()).await?;
-    }
+    stop_live_pods(scope, pods.values().collect()).await?;
     tracing::info!(job = %scope.name, run = %run.run_id, "run cancelled");
     Ok(true)
 }
