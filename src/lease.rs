@@ -345,6 +345,33 @@ impl Lease {
         Ok(())
     }
 
+    /// Ends this ownership period like [`release`](Self::release), but the final state is
+    /// `f` of the freshest state: a cooperative write that lands meanwhile (a cancel request,
+    /// say) is read and passed to `f` again, never overwritten by a state computed before it.
+    /// `f` may refuse, and then nothing is written ([`Error::Aborted`]).
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use serde_json::json;
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// let mut lease = db.lease("l", LeaseOptions::new("w1", Duration::from_secs(30))).await?.unwrap();
+    /// db.cooperative_write("l", |_| json!({"cancel_requested": true})).await?;
+    /// lease.release_with(|s| Ok(json!({"cancel_requested": s["cancel_requested"], "status": "done"}))).await?;
+    /// let stored = db.inspect_lease("l").await?.unwrap();
+    /// assert_eq!(stored.state, json!({"cancel_requested": true, "status": "done"}));
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn release_with<F>(&mut self, f: F) -> Result<()>
+    where
+        F: FnMut(&Value) -> Result<Value, BoxError>,
+    {
+        self.guarded(false, None, f).await?;
+        self.released = true;
+        Ok(())
+    }
+
     async fn guarded<F>(&mut self, extend: bool, holder: Option<String>, mut f: F) -> Result<()>
     where
         F: FnMut(&Value) -> Result<Value, BoxError>,
@@ -616,6 +643,53 @@ impl Db {
             ttl,
             Some((known.to_doc(), known.version.clone())),
         )
+    }
+
+    /// Resumes the ownership period `epoch` of `holder`: one read, no write. Unlike
+    /// [`attach_lease`](Self::attach_lease) it ignores the deadline, because a reader whose clock
+    /// runs ahead would otherwise see a fresh lease as expired; the handle's first write is a
+    /// compare-and-swap, so it fails with [`Error::LeaseLost`] if anyone acquired the lease in
+    /// between. Returns `None` when the lease is absent, released, at another epoch or held by
+    /// someone else. A process given one epoch's credentials (a run's pod) thus never serves
+    /// another epoch, even with the same holder.
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// let ttl = Duration::from_secs(30);
+    /// db.lease("l", LeaseOptions::new("w1", ttl)).await?.unwrap();
+    /// assert!(db.resume_lease("l", "w1", 2, ttl).await?.is_none(), "not epoch 2");
+    /// let mut mine = db.resume_lease("l", "w1", 1, ttl).await?.expect("epoch 1 is w1's");
+    /// mine.renew().await?;
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn resume_lease(
+        &self,
+        key: &str,
+        holder: &str,
+        epoch: u64,
+        ttl: Duration,
+    ) -> Result<Option<Lease>> {
+        let key = self.key(key)?;
+        check_ttl(ttl)?;
+        check_holder(holder)?;
+        let Some((doc, version)) = parse_lease(&key, self.store().get_object(&key).await?)? else {
+            return Ok(None);
+        };
+        if doc.epoch != epoch || doc.holder.as_deref() != Some(holder) {
+            return Ok(None);
+        }
+        Ok(Some(Lease {
+            db: self.clone(),
+            key,
+            ttl,
+            doc,
+            holder: holder.to_string(),
+            version,
+            released: false,
+        }))
     }
 
     fn attach(

@@ -26,6 +26,11 @@ pub struct ControllerArgs {
     /// How often the leases of active runs are checked.
     #[arg(long, env = "COJOB_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
+    /// How far a node's clock may run behind the controller's. A run's lease is taken over
+    /// only once the controller's clock passes its deadline by this much, so a pod on a node
+    /// whose clock is behind by less is never taken for lost.
+    #[arg(long, env = "COJOB_CLOCK_SKEW_ALLOWANCE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub clock_skew_allowance: Duration,
     /// Comma-separated prefixes of environment variables copied into each run's Secret for its
     /// sidecar (store credentials and endpoints). Empty to copy none.
     #[arg(long, env = "COJOB_FORWARD_ENV", default_value = "AWS_,AZURE_,GOOGLE_")]
@@ -90,6 +95,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
                 .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
         ),
         sweep_interval: args.sweep_interval,
+        clock_skew_allowance: args.clock_skew_allowance,
         sidecar_credentials_secret: args.sidecar_credentials_secret.filter(|s| !s.is_empty()),
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");

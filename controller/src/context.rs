@@ -25,6 +25,8 @@ pub struct Settings {
     pub forwarded_env: BTreeMap<String, String>,
     /// How often active runs' leases are checked.
     pub sweep_interval: Duration,
+    /// How far past its deadline a lease must be before it is taken over.
+    pub clock_skew_allowance: Duration,
     /// A Secret, in each run's namespace, with the sidecar's store credentials.
     pub sidecar_credentials_secret: Option<String>,
 }
@@ -39,6 +41,7 @@ impl std::fmt::Debug for Settings {
                 &self.forwarded_env.keys().collect::<Vec<_>>(),
             )
             .field("sweep_interval", &self.sweep_interval)
+            .field("clock_skew_allowance", &self.clock_skew_allowance)
             .field(
                 "sidecar_credentials_secret",
                 &self.sidecar_credentials_secret,
@@ -125,6 +128,17 @@ impl<'a> JobScope<'a> {
     /// The lease ttl.
     pub fn ttl(&self) -> Duration {
         Duration::from_secs(self.job.spec.lease.ttl_seconds.max(1).unsigned_abs())
+    }
+
+    /// The timing rules of this job's runs at the store clock's `now`.
+    pub fn timing(&self) -> crate::run::Timing {
+        crate::run::Timing {
+            now: self.cx.db.clock().now(),
+            skew_allowance: self.cx.settings.clock_skew_allowance,
+            start_timeout: Duration::from_secs(
+                self.job.spec.start_timeout_seconds.max(1).unsigned_abs(),
+            ),
+        }
     }
 
     /// The job's `maxAttempts`.

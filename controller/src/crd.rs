@@ -116,6 +116,13 @@ pub struct CoordinatedJobSpec {
     #[x_kube(validation = Rule::new("self > 0").message("activeDeadlineSeconds must be positive"))]
     pub active_deadline_seconds: Option<i64>,
 
+    /// How long an attempt's pod may take to start its workload (be scheduled, pull its
+    /// images, attach its sidecar) before the attempt fails with `StartTimeout`. Until then the
+    /// controller keeps the attempt's lease alive, so a slow start costs nothing.
+    #[serde(default = "default_start_timeout")]
+    #[x_kube(validation = Rule::new("self >= 1").message("startTimeoutSeconds must be at least 1"))]
+    pub start_timeout_seconds: i64,
+
     /// How many succeeded runs `status.recent` keeps.
     #[serde(default = "default_successful_history")]
     #[x_kube(validation = Rule::new("self >= 0"))]
@@ -134,6 +141,9 @@ pub struct CoordinatedJobSpec {
 
 fn default_max_attempts() -> i32 {
     3
+}
+fn default_start_timeout() -> i64 {
+    600
 }
 fn default_successful_history() -> i32 {
     3
@@ -180,9 +190,12 @@ pub enum ConcurrencyPolicy {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaseSpec {
-    /// How long a lease holds without renewal; the sidecar renews every third of it.
+    /// How long a lease holds without renewal; the sidecar renews every third of it. At least
+    /// 6 s (a renewal every 2 s at most), so ordinary scheduling and network hiccups do not
+    /// cost an attempt; a lost pod is taken over after ttl plus the controller's clock-skew
+    /// allowance.
     #[serde(default = "default_ttl")]
-    #[x_kube(validation = Rule::new("self > 0").message("lease.ttlSeconds must be greater than 0"))]
+    #[x_kube(validation = Rule::new("self >= 6 && self <= 86400").message("lease.ttlSeconds must be between 6 and 86400"))]
     pub ttl_seconds: i64,
 }
 
@@ -298,6 +311,7 @@ mod tests {
         .unwrap();
         assert_eq!(spec.max_attempts, 3);
         assert_eq!(spec.lease.ttl_seconds, 60);
+        assert_eq!(spec.start_timeout_seconds, 600);
         assert_eq!(spec.catch_up, CatchUpPolicy::Latest);
         assert_eq!(spec.concurrency_policy, ConcurrencyPolicy::Forbid);
         assert!(spec.schedule.is_none());
@@ -308,7 +322,8 @@ mod tests {
         let crd = serde_json::to_string(&CoordinatedJob::crd()).unwrap();
         for needle in [
             "Europe/Paris",
-            "lease.ttlSeconds must be greater than 0",
+            "lease.ttlSeconds must be between 6 and 86400",
+            "startTimeoutSeconds must be at least 1",
             "template must have at least one container",
             "schedule must have 5 fields",
             "\"Forbid\"",

@@ -17,6 +17,11 @@ pub const LABEL_JOB: &str = "cojob.dev/job";
 pub const LABEL_RUN: &str = "cojob.dev/run";
 /// The label that carries a pod's lease epoch.
 pub const LABEL_EPOCH: &str = "cojob.dev/epoch";
+/// The finalizer on every run pod: the pod object stays, with the kubelet's record of how its
+/// containers ended, until the controller wrote that outcome into the run's lease. A pod
+/// deleted right after its workload succeeded (by `kubectl delete`, a drain or the pod garbage
+/// collector) therefore never makes a recorded success look like a lost run (G2).
+pub const RESULT_FINALIZER: &str = "cojob.dev/run-result";
 /// The name of the injected sidecar container.
 pub const SIDECAR_NAME: &str = "cojob-sidecar";
 /// The shared volume, mounted in every container.
@@ -185,7 +190,8 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
 /// - labels for the job, run and epoch (on top of the template's);
 /// - `COJOB_*` env in every container; the shared volume in every container;
 /// - the sidecar first among the init containers, so it starts before the others;
-/// - `restartPolicy: Never`: a failed attempt is retried under a new epoch, not restarted.
+/// - `restartPolicy: Never`: a failed attempt is retried under a new epoch, not restarted;
+/// - the [`RESULT_FINALIZER`], so the pod's outcome outlives a deletion until it is recorded.
 pub fn build_pod(
     template: &k8s_openapi::api::core::v1::PodTemplateSpec,
     namespace: &str,
@@ -201,6 +207,10 @@ pub fn build_pod(
     meta.generate_name = None;
     meta.namespace = Some(namespace.into());
     meta.owner_references = Some(vec![owner]);
+    let finalizers = meta.finalizers.get_or_insert_with(Vec::new);
+    if !finalizers.iter().any(|f| f == RESULT_FINALIZER) {
+        finalizers.push(RESULT_FINALIZER.into());
+    }
     let labels = meta.labels.get_or_insert_with(BTreeMap::new);
     labels.insert(LABEL_JOB.into(), job_name.into());
     labels.insert(LABEL_RUN.into(), run.run_id.clone());
@@ -290,6 +300,7 @@ mod tests {
     #[test]
     fn pod_is_named_by_run_and_epoch_and_owned_by_the_job() {
         let pod = build();
+        let finalizers = pod.metadata.finalizers.clone();
         assert_eq!(pod.metadata.name.as_deref(), Some("nightly-1786240800-2"));
         assert_eq!(pod.metadata.namespace.as_deref(), Some("ns"));
         let labels = pod.metadata.labels.unwrap();
@@ -300,6 +311,11 @@ mod tests {
             Some(true)
         );
         assert_eq!(build(), build(), "the same inputs give the same pod");
+        assert_eq!(
+            finalizers,
+            Some(vec![RESULT_FINALIZER.to_string()]),
+            "the outcome outlives a deletion until it is recorded"
+        );
     }
 
     #[test]

@@ -95,10 +95,12 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
     if !job.finalizers().iter().any(|f| f == FINALIZER) {
         match set_finalizers(&scope, |f| f.push(FINALIZER.into())).await {
             Ok(()) => {}
-            // Modified meanwhile (often by another replica adding the same finalizer): the
-            // change comes back through the watch, and the next pass adds it if still missing.
+            // Modified meanwhile (often by another replica adding the same finalizer). No run
+            // may start on an object without the finalizer (its deletion could not cancel
+            // them), so stop here; the change comes back through the watch.
             Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
-                tracing::debug!(job = %scope.name, "finalizer not added yet: the object changed")
+                tracing::debug!(job = %scope.name, "finalizer not added yet: the object changed");
+                return Ok(Action::requeue(Duration::from_secs(1)));
             }
             Err(e) => return Err(e),
         }
@@ -354,26 +356,54 @@ async fn replace_older_runs(
     Ok(())
 }
 
-/// Deletes the pods of runs that left the history, and ended pods of runs this job no longer
-/// knows. Live pods of unknown runs are left alone: another controller may have just started
-/// them and not yet shown us its index.
+/// Settles the pods of runs that are not active: the pods of finished runs in the history
+/// lose their result finalizer once quiescent; the pods of runs that left the history are
+/// deleted; quiescent pods of runs this index does not know are deleted once their lease shows
+/// the run is over (a pod that succeeded keeps its finalizer until its success is recorded).
+/// Live pods of unknown runs are left alone: another controller may have just started them
+/// and not yet shown us its index.
 async fn collect_garbage(
     scope: &JobScope<'_>,
     index: &JobIndex,
     pods: &BTreeMap<String, RunPods>,
     dropped: &[FinishedRun],
 ) -> Result<(), Error> {
+    use sweeper::pods::{has_result_finalizer, release_finalizer};
     for (run, run_pods) in pods {
-        let known = index.active.iter().any(|r| &r.run_id == run)
-            || index.recent.iter().any(|r| &r.run_id == run);
+        if index.active.iter().any(|r| &r.run_id == run) {
+            continue; // the sweeper settles them
+        }
+        let in_history = index.recent.iter().any(|r| &r.run_id == run);
         let was_dropped = dropped.iter().any(|d| &d.run_id == run);
-        if known && !was_dropped {
+        let quiescent: Vec<&Pod> = run_pods
+            .values()
+            .filter(|p| sweeper::pod_view(Some(p)).is_quiescent())
+            .collect();
+        let over = if in_history || was_dropped {
+            true
+        } else if quiescent.iter().any(|p| has_result_finalizer(p)) {
+            // An unknown run: only its lease can say whether its outcome is recorded.
+            let lease = scope.cx.db.inspect_lease(&scope.keys.lease(run)).await?;
+            lease.is_none_or(|l| {
+                crate::run::RunState::parse(&l.state).is_ok_and(|s| s.status.is_terminal())
+            })
+        } else {
+            true
+        };
+        if !over {
             continue;
         }
-        for pod in run_pods.values() {
-            let ended = matches!(sweeper::pod_view(Some(pod)), crate::run::PodView::Ended(_));
-            if ended || was_dropped {
-                sweeper::delete_pod(scope, &pod.name_any()).await?;
+        for pod in quiescent {
+            if has_result_finalizer(pod) {
+                release_finalizer(scope, pod).await?;
+            }
+            if !in_history || was_dropped {
+                sweeper::delete_pod(scope, &pod.name_any(), sweeper::Stop::Graceful).await?;
+            }
+        }
+        if was_dropped {
+            for pod in run_pods.values().filter(|p| sweeper::pods::is_live(p)) {
+                sweeper::delete_pod(scope, &pod.name_any(), sweeper::Stop::Graceful).await?;
             }
         }
     }
@@ -629,6 +659,25 @@ pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
         .any(|r| !foreign.contains(&r.run_id.as_str()))
     {
         tracing::info!(job = %scope.name, active = index.active.len(), "waiting for runs to stop before removing the finalizer");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    // Every run is over: the pods' outcomes are recorded, so their result finalizers go once
+    // nothing of them runs. The object waits for pods still stopping, so no pod outlives it
+    // with a finalizer nobody would remove.
+    let mut stopping = Vec::new();
+    for pod in pods.values().flat_map(|p| p.values()) {
+        if !sweeper::pods::has_result_finalizer(pod) {
+            continue;
+        }
+        if sweeper::pod_view(Some(pod)).is_quiescent() {
+            sweeper::pods::release_finalizer(scope, pod).await?;
+        } else {
+            sweeper::pods::stop_live_pods(scope, vec![pod], sweeper::Stop::Graceful).await?;
+            stopping.push(pod.name_any());
+        }
+    }
+    if !stopping.is_empty() {
+        tracing::info!(job = %scope.name, ?stopping, "waiting for pods to stop before removing the finalizer");
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
     set_finalizers(scope, |f| f.retain(|x| x != FINALIZER)).await?;

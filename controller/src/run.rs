@@ -95,7 +95,10 @@ pub struct RunState {
     /// Why the run ended or was retried.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// When the sidecar of the current attempt started.
+    /// When the current attempt's epoch was acquired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatched_at: Option<String>,
+    /// When the sidecar of the current attempt started (the workload starts only after).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
     /// When the run reached a terminal phase (or the attempt ended).
@@ -107,6 +110,12 @@ pub struct RunState {
 }
 
 impl RunState {
+    /// True while the current attempt's workload has not started: the run is `pending` and
+    /// no sidecar recorded a start. Such an attempt did nothing, so losing it costs no attempt.
+    pub fn never_started(&self) -> bool {
+        self.status == RunPhase::Pending && self.started_at.is_none()
+    }
+
     /// Reads a stored state; `null` (a lease written by someone else) is an error.
     pub fn parse(state: &Value) -> Result<RunState, Refusal> {
         if !state.is_object() {
@@ -135,6 +144,9 @@ pub enum Refusal {
     /// The lease state is not a cojob run state.
     #[error("the lease does not hold a cojob run: {0}")]
     Foreign(String),
+    /// The attempt's workload started meanwhile.
+    #[error("the attempt started")]
+    Started,
 }
 
 /// The inputs of an acquisition.
@@ -155,7 +167,10 @@ pub struct Acquire {
 /// The `state_fn` of every acquisition: a fresh run starts `pending` at attempt 1; a run
 /// with attempts left goes back to `pending` with `attempt + 1`; a run out of attempts becomes
 /// `failed` (reason `AttemptsExhausted`), and one whose cancel was requested becomes
-/// `cancelled`. The caller releases a lease acquired into a terminal phase at once.
+/// `cancelled`. An attempt whose workload never started (its lease was lost while the pod
+/// waited for a node, an image or a controller) is taken over without counting: the new
+/// epoch keeps its attempt number. The caller releases a lease acquired into a terminal phase
+/// at once.
 ///
 /// ```
 /// use cojob_controller::run::{acquire, Acquire, Refusal};
@@ -186,7 +201,12 @@ pub fn acquire(prev: Option<&Value>, a: &Acquire) -> Result<Value, Refusal> {
     if state.cancel_requested {
         return Ok(finish_state(prev, RunPhase::Cancelled, "Cancelled", &a.now));
     }
-    if state.attempt >= a.max_attempts {
+    let attempt = if state.never_started() {
+        state.attempt.max(1)
+    } else {
+        state.attempt.saturating_add(1)
+    };
+    if attempt > a.max_attempts {
         return Ok(finish_state(
             prev,
             RunPhase::Failed,
@@ -198,7 +218,7 @@ pub fn acquire(prev: Option<&Value>, a: &Acquire) -> Result<Value, Refusal> {
         prev,
         json!({
             "status": RunPhase::Pending,
-            "attempt": state.attempt + 1,
+            "attempt": attempt,
             "dispatch": a.dispatch,
             "dispatched_at": a.now,
             "pod": null,
@@ -251,8 +271,9 @@ pub fn complete(
     if state.status.is_terminal() {
         return Err(Refusal::Terminal(state.status));
     }
-    if state.status == RunPhase::Retrying {
+    if state.status == RunPhase::Retrying && !outcome.succeeded {
         // Someone recorded this attempt's end already; the next attempt is being dispatched.
+        // A success is never dropped, though: a workload that exited 0 ends the run (G2).
         return Err(Refusal::AlreadyDispatched);
     }
     let phase = if outcome.succeeded {
@@ -282,6 +303,40 @@ pub fn complete(
     Ok((state, phase))
 }
 
+/// Why an attempt whose pod never started is given up.
+pub const START_TIMEOUT: &str = "StartTimeout";
+
+/// The state that ends an attempt whose workload did not start within the job's
+/// `startTimeoutSeconds` (unschedulable, an image that never pulls, a sidecar that cannot reach
+/// the store). It counts as a failed attempt. Refused once a sidecar recorded a start, so a pod
+/// that starts at the last moment keeps its attempt: the compare-and-swap decides.
+///
+/// ```
+/// use cojob_controller::run::{start_timed_out, RunPhase};
+/// use serde_json::json;
+/// let pending = json!({"status": "pending", "attempt": 1, "run_id": "r"});
+/// let (state, phase) = start_timed_out(&pending, 2, "t").unwrap();
+/// assert_eq!((phase, state["reason"].as_str()), (RunPhase::Retrying, Some("StartTimeout")));
+/// let started = json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "t"});
+/// assert!(start_timed_out(&started, 2, "t").is_err());
+/// ```
+pub fn start_timed_out(
+    prev: &Value,
+    max_attempts: u32,
+    now: &str,
+) -> Result<(Value, RunPhase), Refusal> {
+    let state = RunState::parse(prev)?;
+    if !state.never_started() {
+        return Err(Refusal::Started);
+    }
+    let outcome = PodOutcome {
+        succeeded: false,
+        exit_code: None,
+        reason: Some(START_TIMEOUT.into()),
+    };
+    complete(prev, &outcome, max_attempts, now)
+}
+
 /// The state that cancels a run outright (its pod is stopped by the caller).
 pub fn cancel(prev: &Value, now: &str) -> Result<Value, Refusal> {
     let state = RunState::parse(prev)?;
@@ -296,15 +351,81 @@ pub fn cancel(prev: &Value, now: &str) -> Result<Value, Refusal> {
     ))
 }
 
-/// What was observed of the pod of the lease's current epoch.
+/// What was observed of one pod of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodView {
-    /// No such pod.
+    /// No such pod, or a pod deleted before it was placed on a node: nothing of it ever ran
+    /// or ever will (the API server refuses to bind a pod that is being deleted).
     Absent,
-    /// It exists and has not ended (pending, running or being deleted).
+    /// It exists and may run: pending on a node, running, or being stopped.
     Live,
-    /// It ended.
+    /// It ended: the kubelet reported every main container terminated.
     Ended(PodOutcome),
+}
+
+impl PodView {
+    /// Nothing of this pod runs now or later (G3 waits for this before the next attempt).
+    pub fn is_quiescent(&self) -> bool {
+        !matches!(self, PodView::Live)
+    }
+
+    /// The pod ended and its workload succeeded.
+    pub fn succeeded(&self) -> Option<&PodOutcome> {
+        match self {
+            PodView::Ended(o) if o.succeeded => Some(o),
+            _ => None,
+        }
+    }
+}
+
+/// What the sweeper saw of a run besides its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// The pod of the lease's current epoch.
+    pub current: PodView,
+    /// The ended pod, of any epoch, whose workload succeeded, if any.
+    pub succeeded: Option<PodOutcome>,
+    /// Every pod of an older epoch than the lease's is quiescent.
+    pub predecessors_quiescent: bool,
+    /// The current epoch's holder Secret exists and was never handed to a pod.
+    pub never_spawned: bool,
+}
+
+/// The timing rules of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// The controller's clock.
+    pub now: chrono::DateTime<chrono::Utc>,
+    /// How far a holder's clock may be behind the controller's: a lease is stolen only once
+    /// `now >= deadline + skew_allowance`.
+    pub skew_allowance: std::time::Duration,
+    /// How long an attempt's pod may take to start its workload before the attempt fails.
+    pub start_timeout: std::time::Duration,
+}
+
+impl Timing {
+    fn lease_expired(&self, lease: &LeaseInfo) -> bool {
+        let allowance = chrono::Duration::from_std(self.skew_allowance)
+            .unwrap_or(chrono::Duration::MAX);
+        self.now
+            .checked_sub_signed(allowance)
+            .is_some_and(|judged| lease.is_expired_at(judged))
+    }
+
+    fn start_overdue(&self, state: &RunState) -> bool {
+        let Some(since) = state
+            .dispatched_at
+            .as_deref()
+            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+        else {
+            return false;
+        };
+        let timeout =
+            chrono::Duration::from_std(self.start_timeout).unwrap_or(chrono::Duration::MAX);
+        since
+            .checked_add_signed(timeout)
+            .is_some_and(|due| self.now >= due)
+    }
 }
 
 /// The next step for a run.
@@ -314,25 +435,23 @@ pub enum Step {
     Dispatch,
     /// The run is over; nothing is ever spawned again.
     Finished(RunState),
-    /// Held and its pod lives: nothing to do until it ends or the lease expires.
+    /// Held and its pod lives, or the pod waits for an older one to stop: nothing to do but
+    /// keep a pending attempt's lease alive.
     Wait,
-    /// Held, the pod is missing and its holder Secret was never handed to a pod: a crash came
-    /// between acquiring and creating the pod. Create it.
+    /// Held, the pod is missing, its holder Secret was never handed to a pod, and every older
+    /// pod is quiescent: create it.
     CreatePod,
-    /// The pod of the current epoch ended: release with the final state.
+    /// A pod ended: record its outcome. A success of any epoch ends the run (G2).
     Complete(PodOutcome),
-    /// Held past its deadline by a pod that is gone or silent: steal under a new epoch.
+    /// The current attempt's pod did not start its workload within the start timeout.
+    StartTimedOut,
+    /// Held past its deadline plus the skew allowance by a pod that is gone or silent: take a
+    /// new epoch. Its pod is created once the old one is quiescent (G3).
     Steal,
 }
 
-/// Picks a run's next step from its lease, its current pod and whether the current epoch's
-/// pod was never created (its holder Secret exists and was never handed to a pod).
-pub fn decide(
-    lease: Option<&LeaseInfo>,
-    pod: &PodView,
-    never_spawned: bool,
-    now: chrono::DateTime<chrono::Utc>,
-) -> Result<Step, Refusal> {
+/// Picks a run's next step from its lease and what was observed of its pods.
+pub fn decide(lease: Option<&LeaseInfo>, seen: &Observed, timing: &Timing) -> Result<Step, Refusal> {
     let Some(lease) = lease else {
         return Ok(Step::Dispatch);
     };
@@ -340,20 +459,56 @@ pub fn decide(
     if state.status.is_terminal() {
         return Ok(Step::Finished(state));
     }
+    if let Some(ok) = &seen.succeeded {
+        return Ok(Step::Complete(ok.clone()));
+    }
     if lease.is_released() {
         return Ok(Step::Dispatch);
     }
-    match pod {
+    match &seen.current {
         PodView::Ended(outcome) => Ok(Step::Complete(outcome.clone())),
-        _ if lease.is_expired_at(now) => Ok(Step::Steal),
+        _ if timing.lease_expired(lease) => Ok(Step::Steal),
+        PodView::Live if state.never_started() && timing.start_overdue(&state) => {
+            Ok(Step::StartTimedOut)
+        }
         PodView::Live => Ok(Step::Wait),
-        // Only an attempt whose pod never started may have its pod created again.
+        // Only an attempt whose pod never started may have its pod created again, and only
+        // once nothing of an older attempt can still run.
         PodView::Absent
-            if never_spawned && state.status == RunPhase::Pending && state.started_at.is_none() =>
+            if seen.never_spawned && state.never_started() && seen.predecessors_quiescent =>
         {
             Ok(Step::CreatePod)
         }
         PodView::Absent => Ok(Step::Wait),
+    }
+}
+
+/// True when a run's pod of `pod_epoch` may lose its result finalizer (and so disappear): it
+/// is quiescent, and its outcome is recorded or no longer matters. A pod whose workload
+/// succeeded keeps it until the run is recorded `succeeded` (G2).
+///
+/// ```
+/// use cojob_controller::run::{may_release_pod, PodView};
+/// assert!(!may_release_pod(1, &PodView::Live, None), "a live pod keeps it");
+/// assert!(may_release_pod(1, &PodView::Absent, None), "no run: nothing to record");
+/// ```
+pub fn may_release_pod(pod_epoch: u64, view: &PodView, lease: Option<&LeaseInfo>) -> bool {
+    if !view.is_quiescent() {
+        return false;
+    }
+    let Some(lease) = lease else {
+        return true;
+    };
+    let Ok(state) = RunState::parse(&lease.state) else {
+        return false;
+    };
+    if state.status.is_terminal() {
+        return true;
+    }
+    match pod_epoch.cmp(&lease.epoch) {
+        std::cmp::Ordering::Less => view.succeeded().is_none(),
+        std::cmp::Ordering::Equal => lease.is_released() || matches!(view, PodView::Absent),
+        std::cmp::Ordering::Greater => false,
     }
 }
 
@@ -486,85 +641,179 @@ mod tests {
         );
     }
 
+    fn timing() -> Timing {
+        Timing {
+            now: now(),
+            skew_allowance: std::time::Duration::from_secs(5),
+            start_timeout: std::time::Duration::from_secs(600),
+        }
+    }
+
+    fn seen(current: PodView) -> Observed {
+        Observed {
+            current,
+            succeeded: None,
+            predecessors_quiescent: true,
+            never_spawned: false,
+        }
+    }
+
+    fn ok() -> PodOutcome {
+        PodOutcome {
+            succeeded: true,
+            exit_code: Some(0),
+            reason: None,
+        }
+    }
+
     #[test]
     fn decide_covers_every_lease_and_pod_combination() {
-        let running = json!({"status": "running", "attempt": 1, "run_id": "r"});
+        let t = timing();
+        let running = json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "x"});
         let ended = PodView::Ended(failed(1));
-        assert_eq!(
-            decide(None, &PodView::Absent, false, now()),
-            Ok(Step::Dispatch)
-        );
+        assert_eq!(decide(None, &seen(PodView::Absent), &t), Ok(Step::Dispatch));
         let held = lease(running.clone(), Some("h"), 10);
-        assert_eq!(
-            decide(Some(&held), &PodView::Live, true, now()),
-            Ok(Step::Wait)
-        );
+        assert_eq!(decide(Some(&held), &seen(PodView::Live), &t), Ok(Step::Wait));
         // A missing pod is created again only for an attempt that never started.
         let pending = lease(
             json!({"status": "pending", "attempt": 1, "run_id": "r"}),
             Some("h"),
             10,
         );
+        let unspawned = Observed {
+            never_spawned: true,
+            ..seen(PodView::Absent)
+        };
+        assert_eq!(decide(Some(&pending), &unspawned, &t), Ok(Step::CreatePod));
+        // ... and only once every older pod is quiescent (G3).
+        let blocked = Observed {
+            predecessors_quiescent: false,
+            ..unspawned.clone()
+        };
+        assert_eq!(decide(Some(&pending), &blocked, &t), Ok(Step::Wait));
         assert_eq!(
-            decide(Some(&pending), &PodView::Absent, true, now()),
-            Ok(Step::CreatePod)
-        );
-        assert_eq!(
-            decide(Some(&held), &PodView::Absent, true, now()),
+            decide(Some(&held), &unspawned, &t),
             Ok(Step::Wait),
             "a pod that ran and was deleted is never created again under the same epoch"
         );
+        assert_eq!(decide(Some(&held), &seen(PodView::Absent), &t), Ok(Step::Wait));
         assert_eq!(
-            decide(Some(&held), &PodView::Absent, false, now()),
-            Ok(Step::Wait)
-        );
-        assert_eq!(
-            decide(Some(&held), &ended, true, now()),
+            decide(Some(&held), &seen(ended.clone()), &t),
             Ok(Step::Complete(failed(1)))
         );
-        let expired = lease(running.clone(), Some("h"), 0);
+        // Expiry is judged with the skew allowance: not stolen until deadline + allowance.
+        let just_expired = lease(running.clone(), Some("h"), 0);
         assert_eq!(
-            decide(Some(&expired), &PodView::Live, true, now()),
+            decide(Some(&just_expired), &seen(PodView::Live), &t),
+            Ok(Step::Wait)
+        );
+        let expired = lease(running.clone(), Some("h"), -5);
+        assert_eq!(
+            decide(Some(&expired), &seen(PodView::Live), &t),
             Ok(Step::Steal)
         );
         assert_eq!(
-            decide(Some(&expired), &PodView::Absent, false, now()),
+            decide(Some(&expired), &seen(PodView::Absent), &t),
             Ok(Step::Steal)
         );
         // An ended pod is completed even after expiry: its result is not thrown away.
         assert_eq!(
-            decide(Some(&expired), &ended, false, now()),
+            decide(Some(&expired), &seen(ended.clone()), &t),
             Ok(Step::Complete(failed(1)))
         );
+        // A success of any epoch ends the run, even when the lease moved on (G2).
+        let older_ok = Observed {
+            succeeded: Some(ok()),
+            ..seen(PodView::Absent)
+        };
+        assert_eq!(decide(Some(&expired), &older_ok, &t), Ok(Step::Complete(ok())));
         let retrying = lease(
             json!({"status": "retrying", "attempt": 1, "run_id": "r"}),
             None,
             -5,
         );
-        assert_eq!(
-            decide(Some(&retrying), &ended, false, now()),
-            Ok(Step::Dispatch)
-        );
+        assert_eq!(decide(Some(&retrying), &seen(ended), &t), Ok(Step::Dispatch));
+        assert_eq!(decide(Some(&retrying), &older_ok, &t), Ok(Step::Complete(ok())));
         let done = lease(
             json!({"status": "succeeded", "attempt": 1, "run_id": "r"}),
             None,
             -5,
         );
         assert!(matches!(
-            decide(Some(&done), &PodView::Absent, false, now()),
+            decide(Some(&done), &older_ok, &t),
             Ok(Step::Finished(RunState {
                 status: RunPhase::Succeeded,
                 ..
             }))
         ));
-        assert!(
-            decide(
-                Some(&lease(json!(42), None, 0)),
-                &PodView::Absent,
-                false,
-                now()
+        assert!(decide(Some(&lease(json!(42), None, 0)), &seen(PodView::Absent), &t).is_err());
+    }
+
+    #[test]
+    fn a_pod_that_does_not_start_in_time_ends_its_attempt() {
+        let t = timing();
+        let at = |secs_ago: i64| {
+            cojob::json::format_time(now() - Duration::seconds(secs_ago))
+        };
+        let pending = |since: String| {
+            lease(
+                json!({"status": "pending", "attempt": 1, "run_id": "r", "dispatched_at": since}),
+                Some("h"),
+                10,
             )
-            .is_err()
+        };
+        assert_eq!(
+            decide(Some(&pending(at(599))), &seen(PodView::Live), &t),
+            Ok(Step::Wait)
         );
+        assert_eq!(
+            decide(Some(&pending(at(600))), &seen(PodView::Live), &t),
+            Ok(Step::StartTimedOut)
+        );
+        let started = lease(
+            json!({"status": "running", "attempt": 1, "run_id": "r", "dispatched_at": at(900), "started_at": at(10)}),
+            Some("h"),
+            10,
+        );
+        assert_eq!(decide(Some(&started), &seen(PodView::Live), &t), Ok(Step::Wait));
+    }
+
+    #[test]
+    fn losing_an_attempt_that_never_started_costs_no_attempt() {
+        let never = json!({"status": "pending", "attempt": 1, "run_id": "r", "dispatch": "r-1-holder"});
+        let next = acquire(Some(&never), &a("r-2-holder", 1)).unwrap();
+        assert_eq!(
+            (next["status"].as_str(), next["attempt"].as_u64()),
+            (Some("pending"), Some(1)),
+            "maxAttempts 1 and the only attempt never ran: run it"
+        );
+        let ran = cojob::lease::merge(&never, json!({"status": "running", "started_at": "t"}));
+        let next = acquire(Some(&ran), &a("r-2-holder", 1)).unwrap();
+        assert_eq!(next["status"], "failed");
+        let timed_out = start_timed_out(&never, 1, "t").unwrap();
+        assert_eq!(timed_out.1, RunPhase::Failed, "a start timeout counts");
+    }
+
+    #[test]
+    fn a_pod_keeps_its_result_finalizer_until_its_outcome_is_recorded() {
+        let held = |epoch, status: &str| LeaseInfo {
+            epoch,
+            ..lease(json!({"status": status, "attempt": 1, "run_id": "r"}), Some("h"), 10)
+        };
+        let ended_ok = PodView::Ended(ok());
+        let ended_bad = PodView::Ended(failed(1));
+        assert!(!may_release_pod(2, &ended_ok, Some(&held(2, "running"))));
+        assert!(!may_release_pod(1, &ended_ok, Some(&held(2, "pending"))), "G2: an older success is recorded first");
+        assert!(may_release_pod(1, &ended_bad, Some(&held(2, "pending"))));
+        assert!(may_release_pod(1, &ended_ok, Some(&held(2, "succeeded"))));
+        assert!(!may_release_pod(2, &ended_bad, Some(&held(2, "running"))), "not recorded yet");
+        let released = LeaseInfo {
+            holder: None,
+            ..held(2, "retrying")
+        };
+        assert!(may_release_pod(2, &ended_bad, Some(&released)));
+        assert!(!may_release_pod(1, &PodView::Live, Some(&held(2, "succeeded"))));
+        assert!(may_release_pod(2, &PodView::Absent, Some(&held(2, "pending"))));
+        assert!(!may_release_pod(3, &ended_bad, Some(&held(2, "pending"))));
     }
 }

@@ -1,12 +1,20 @@
 //! `cojob sidecar`: keeps a run's lease alive from inside the run's pod.
 //!
-//! It attaches to the lease with the holder from the run's Secret, records `running` with the
-//! pod and node, and renews every ttl/3. It shows the run's state to the workload as files in
-//! the shared volume:
+//! It resumes the lease of its own epoch (`COJOB_EPOCH`) with the holder from the run's Secret,
+//! records `running` with the pod and node, and renews every ttl/3. It shows the run's state to
+//! the workload as files in the shared volume:
 //!
 //! - `cancel_requested` appears when someone asked, by a cooperative write, for the run to stop;
 //! - `lease_lost` appears when the lease was lost (fenced by a newer epoch, released or deleted),
-//!   with the reason. The sidecar then stops renewing and exits with [`EXIT_LEASE_LOST`].
+//!   with the reason, or when no renewal succeeded for a whole ttl by the sidecar's monotonic
+//!   clock (the controller may take the run over from then on). The sidecar then stops renewing
+//!   and exits with [`EXIT_LEASE_LOST`].
+//!
+//! It attaches to its own epoch only, so a pod never serves another attempt even if a holder
+//! were reused, and it ignores the lease's deadline when attaching (a node clock running ahead
+//! would otherwise see a fresh lease as expired): its first renewal is a compare-and-swap that
+//! fails if anyone took the lease meanwhile. The `attached` file of an earlier run of the
+//! sidecar (a restart) is removed first, so the startup probe waits for this one.
 //!
 //! On SIGTERM (the kubelet stops native sidecars after the workload ends) it exits 0 without
 //! releasing: the controller releases the lease with the pod's final state.
@@ -14,7 +22,7 @@
 use cojob::{Db, Error};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The file the sidecar writes in the shared volume once it holds the lease; its startup
 /// probe waits for it, so the workload never starts without a lease.
@@ -40,6 +48,9 @@ pub struct Args {
     /// The run's lease key.
     #[arg(long, env = "COJOB_LEASE_KEY")]
     lease_key: String,
+    /// The lease epoch of this pod's attempt: the only one it attaches to.
+    #[arg(long, env = "COJOB_EPOCH")]
+    epoch: u64,
     /// The lease holder (a credential, from the run's Secret).
     #[arg(long, env = "COJOB_HOLDER", hide_env_values = true)]
     holder: String,
@@ -62,6 +73,7 @@ impl std::fmt::Debug for Args {
         f.debug_struct("Args")
             .field("bucket", &self.bucket)
             .field("lease_key", &self.lease_key)
+            .field("epoch", &self.epoch)
             .field("holder", &"<redacted>")
             .field("ttl_seconds", &self.ttl_seconds)
             .field("shared_dir", &self.shared_dir)
@@ -110,19 +122,41 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Outcome> {
     let ttl = Duration::from_secs(args.ttl_seconds);
-    let db = Db::open(&args.bucket).await?;
     let dir = args.shared_dir.as_path();
-    let Some(mut lease) = db.attach_lease(&args.lease_key, &args.holder, ttl).await? else {
+    // A restarted sidecar must not pass its startup probe on the previous run's file.
+    match std::fs::remove_file(dir.join(ATTACHED_FILE)) {
+        Ok(()) => tracing::info!("removed the attached file of an earlier sidecar run"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(anyhow::anyhow!("cannot reset the startup probe's file: {e}")),
+    }
+    let db = Db::open(&args.bucket).await?;
+    let Some(mut lease) = db
+        .resume_lease(&args.lease_key, &args.holder, args.epoch, ttl)
+        .await?
+    else {
         tracing::error!(
             key = args.lease_key,
-            "the lease is absent, released, held by another or expired"
+            epoch = args.epoch,
+            "the lease is absent, released, at another epoch or held by another"
         );
         mark(dir, "lease_lost", "not attached\n");
         return Ok(Outcome::NotAttached);
     };
-    // The controller's acquisition set the deadline; start a full ttl from now.
+    // The controller's acquisition set the deadline; start a full ttl from now. This
+    // compare-and-swap is also what proves the lease is still ours.
+    // `renewed` is taken before each request, so the sidecar's view of its deadline is never
+    // later than the one it wrote.
+    let mut sent = Instant::now();
+    let mut renewed = sent;
     if let Err(e) = lease.renew().await {
         tracing::warn!(key = args.lease_key, error = %e, "first renewal failed");
+        if e.is_lease_lost() {
+            mark(dir, "lease_lost", &format!("{e}\n"));
+            return Ok(Outcome::NotAttached);
+        }
+        // The controller renews a pending attempt when a third of the ttl is gone, so the
+        // deadline it left may be only a third of the ttl away.
+        renewed = sent.checked_sub(ttl * 2 / 3).unwrap_or(sent);
     }
     let started = cojob::json::format_time(chrono::Utc::now());
     let (pod, node) = (args.pod.clone(), args.node.clone());
@@ -153,10 +187,20 @@ pub async fn run(
             (ttl / 3).min(Duration::from_secs(1))
         };
         match result {
-            Ok(()) => show_cancel(dir, lease.state()),
+            Ok(()) => {
+                renewed = sent;
+                show_cancel(dir, lease.state());
+            }
             Err(Error::LeaseLost { reason, .. }) => {
                 tracing::warn!(key = args.lease_key, %reason, "lease lost; stopping renewal");
                 mark(dir, "lease_lost", &format!("{reason}\n"));
+                return Ok(Outcome::LeaseLost);
+            }
+            Err(e) if renewed.elapsed() >= ttl => {
+                // A whole ttl without a renewal, by this process's monotonic clock: the
+                // controller may take the run over from now on. Tell the workload, and stop.
+                tracing::warn!(key = args.lease_key, error = %e, "no renewal for a whole ttl; the lease is presumed lost");
+                mark(dir, "lease_lost", &format!("no renewal for {}s: {e}\n", ttl.as_secs()));
                 return Ok(Outcome::LeaseLost);
             }
             Err(e) => tracing::warn!(key = args.lease_key, error = %e, "renewal failed; retrying"),
@@ -173,6 +217,7 @@ pub async fn run(
             }
             () = tokio::time::sleep(pause) => {}
         }
+        sent = Instant::now();
         result = lease.renew().await;
     }
 }

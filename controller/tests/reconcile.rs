@@ -141,13 +141,19 @@ async fn an_expired_lease_is_stolen_the_stale_pod_fenced_and_attempts_bounded() 
     h.settle("lost", 1).await;
     assert_eq!(h.live_pod_names("lost").await, ["lost-once-1"]);
     h.start_pod("lost-once-1").await;
+    h.sidecar_started("lost", "lost-once").await;
     // Not expired yet: nothing moves.
     h.advance(Duration::from_secs(29));
     h.settle("lost", 1).await;
     assert_eq!(h.lease("lost", "lost-once").await.unwrap().epoch, 1);
-    // The pod's sidecar never renews (no kubelet): past the ttl the sweeper steals.
-    h.advance(Duration::from_secs(2));
+    // Past the deadline, but within the 5 s clock-skew allowance: a node whose clock is a
+    // little behind is not taken for lost.
+    h.advance(Duration::from_secs(3));
     h.settle("lost", 1).await;
+    assert_eq!(h.lease("lost", "lost-once").await.unwrap().epoch, 1);
+    // The pod's sidecar never renews (no kubelet): past ttl + allowance the sweeper steals.
+    h.advance(Duration::from_secs(3));
+    h.settle("lost", 2).await;
     let lease = h.lease("lost", "lost-once").await.unwrap();
     assert_eq!((lease.epoch, state(&lease).attempt), (2, 2));
     assert_eq!(
@@ -156,11 +162,12 @@ async fn an_expired_lease_is_stolen_the_stale_pod_fenced_and_attempts_bounded() 
         "epoch 1 fenced and deleted"
     );
     h.start_pod("lost-once-2").await;
+    h.sidecar_started("lost", "lost-once").await;
     let reasons = h.event_reasons("lost").await;
     assert!(reasons.iter().any(|r| r == "LeaseLost"), "{reasons:?}");
     assert!(reasons.iter().any(|r| r == "RunRespawned"), "{reasons:?}");
     // Out of attempts at the next expiry: failed, and no third pod.
-    h.advance(Duration::from_secs(31));
+    h.advance(Duration::from_secs(36));
     h.settle("lost", 2).await;
     let lease = h.lease("lost", "lost-once").await.unwrap();
     let st = state(&lease);

@@ -26,6 +26,10 @@ async fn rig() -> Rig {
 }
 
 fn spawn(r: &Rig, key: &str, holder: &str) -> Child {
+    spawn_epoch(r, key, holder, 1)
+}
+
+fn spawn_epoch(r: &Rig, key: &str, holder: &str, epoch: u64) -> Child {
     Command::new(env!("CARGO_BIN_EXE_cojob"))
         .arg("sidecar")
         .env(
@@ -33,6 +37,7 @@ fn spawn(r: &Rig, key: &str, holder: &str) -> Child {
             format!("file://{}", r.bucket.path().display()),
         )
         .env("COJOB_LEASE_KEY", key)
+        .env("COJOB_EPOCH", epoch.to_string())
         .env("COJOB_HOLDER", holder)
         .env("COJOB_LEASE_TTL_SECONDS", TTL.as_secs().to_string())
         .env("COJOB_SHARED_DIR", r.shared.path())
@@ -184,4 +189,80 @@ async fn refuses_a_lease_it_does_not_hold() {
         cojob_controller::sidecar::EXIT_NOT_ATTACHED
     );
     assert!(Path::new(&r.shared.path().join("lease_lost")).exists());
+}
+
+/// A pod of one attempt never serves another, even when it carries the same holder.
+#[tokio::test]
+async fn attaches_only_to_its_own_epoch() {
+    let r = rig().await;
+    let holder = cojob::new_holder();
+    let key = "runs/r4/lease";
+    for _ in 0..2 {
+        r.db.lease(key, LeaseOptions::new(holder.clone(), TTL))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let mut child = spawn_epoch(&r, key, &holder, 1);
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)),
+        cojob_controller::sidecar::EXIT_NOT_ATTACHED,
+        "epoch 1's pod refuses the lease at epoch 2"
+    );
+    assert_eq!(lease_doc(&r.db, key).await["state"], serde_json::Value::Null);
+    let mut child = spawn_epoch(&r, key, &holder, 2);
+    until("running", Duration::from_secs(10), async || {
+        lease_doc(&r.db, key).await["state"]["status"] == "running"
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A restarted sidecar removes the previous run's `attached` file, so the workload's startup
+/// gate waits until this run attached.
+#[tokio::test]
+async fn a_restart_does_not_pass_the_startup_probe_on_an_old_file() {
+    let r = rig().await;
+    let file = r.shared.path().join(cojob_controller::sidecar::ATTACHED_FILE);
+    std::fs::write(&file, "1\n").unwrap();
+    assert!(cojob_controller::sidecar::ready(r.shared.path()));
+    let mut child = spawn(&r, "runs/absent/lease", &cojob::new_holder());
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)),
+        cojob_controller::sidecar::EXIT_NOT_ATTACHED
+    );
+    assert!(
+        !cojob_controller::sidecar::ready(r.shared.path()),
+        "the stale file is gone"
+    );
+}
+
+/// A node whose clock runs ahead sees a fresh lease as already expired; the sidecar attaches
+/// anyway, and its renewal (a compare-and-swap) proves the lease is still its own.
+#[tokio::test]
+async fn attaches_when_its_clock_runs_ahead_of_the_writer() {
+    let r = rig().await;
+    let holder = cojob::new_holder();
+    let key = "runs/r5/lease";
+    // The controller's clock is 10 s behind this process's: the deadline it writes is already
+    // past here.
+    let behind = cojob::clock::FakeClock::at(chrono::Utc::now() - chrono::Duration::seconds(10));
+    let controller = Db::new(r.db.store().clone()).with_clock(behind);
+    controller
+        .lease(key, LeaseOptions::new(holder.clone(), TTL))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut child = spawn(&r, key, &holder);
+    until("running", Duration::from_secs(10), async || {
+        lease_doc(&r.db, key).await["state"]["status"] == "running"
+    })
+    .await;
+    let doc = lease_doc(&r.db, key).await;
+    let deadline = cojob::json::parse_time(doc["deadline_at"].as_str().unwrap()).unwrap();
+    assert!(deadline > chrono::Utc::now(), "renewed from this clock");
+    assert_eq!(doc["epoch"], 1);
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -71,9 +71,9 @@ async fn invalid_specs_are_rejected_at_apply_time() {
             "spec.timeZone: Unsupported value: \"Mars/Olympus\"",
         ),
         (
-            "zero-ttl",
-            json!({"lease": {"ttlSeconds": 0}}),
-            "lease.ttlSeconds must be greater than 0",
+            "short-ttl",
+            json!({"lease": {"ttlSeconds": 1}}),
+            "lease.ttlSeconds must be between 6 and 86400",
         ),
         (
             "bad-catchup",

@@ -39,7 +39,9 @@ macro_rules! primitive_suite {
             lease_cooperative_write_is_absorbed,
             lease_write_replaces_unread_cooperative_state,
             lease_released_handle_is_lost,
+            lease_release_with_reads_a_racing_cooperative_write,
             lease_attach_rules,
+            lease_resume_rules,
             lease_two_handles_on_one_period_converge,
             lease_zero_ttl_and_empty_holder_are_refused,
             lease_refuses_foreign_documents,
@@ -539,6 +541,90 @@ pub async fn lease_write_replaces_unread_cooperative_state(r: Rig) {
         stored(&r, "l").await.unwrap()["state"],
         json!({"progress": 1})
     );
+}
+
+pub async fn lease_release_with_reads_a_racing_cooperative_write(r: Rig) {
+    let mut l =
+        r.db.lease("l", opts("a").state_fn(|_| Ok(json!({"status": "running"}))))
+            .await
+            .unwrap()
+            .unwrap();
+    let rival = r.rival.clone();
+    r.race.before_next_put(move || async move {
+        rival
+            .cooperative_write("l", |s| {
+                cojob::lease::merge(s, json!({"cancel_requested": true}))
+            })
+            .await
+            .unwrap();
+    });
+    let mut calls = 0;
+    l.release_with(|s| {
+        calls += 1;
+        let status = if s["cancel_requested"] == json!(true) {
+            "cancelled"
+        } else {
+            "retrying"
+        };
+        Ok(cojob::lease::merge(s, json!({"status": status})))
+    })
+    .await
+    .unwrap();
+    assert_eq!(calls, 2, "computed again from the state that won the race");
+    let doc = stored(&r, "l").await.unwrap();
+    assert_eq!(
+        (doc["state"].clone(), doc["holder"].clone()),
+        (
+            json!({"cancel_requested": true, "status": "cancelled"}),
+            Value::Null
+        )
+    );
+    assert!(l.is_released());
+    // A refusal writes nothing.
+    let mut m = r.db.lease("m", opts("a")).await.unwrap().unwrap();
+    let err = m.release_with(|_| Err("no".into())).await.unwrap_err();
+    assert!(matches!(err, Error::Aborted { .. }), "{err}");
+    assert!(!m.is_released());
+    assert!(stored(&r, "m").await.unwrap()["holder"].is_string());
+}
+
+pub async fn lease_resume_rules(r: Rig) {
+    let me = holder("me");
+    assert!(
+        r.db.resume_lease("l", &me, 1, TTL).await.unwrap().is_none(),
+        "absent"
+    );
+    r.db.lease("l", LeaseOptions::new(me.clone(), TTL))
+        .await
+        .unwrap()
+        .unwrap();
+    let before = r.db.store().stats();
+    assert!(r.db.resume_lease("l", &me, 1, TTL).await.unwrap().is_some());
+    let used = r.db.store().stats().since(&before);
+    assert_eq!((used.gets(), used.puts()), (1, 0), "one read, no write");
+    assert!(
+        r.db.resume_lease("l", &me, 2, TTL).await.unwrap().is_none(),
+        "another epoch, even with the same holder"
+    );
+    assert!(
+        r.db.resume_lease("l", &holder("other"), 1, TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "another holder"
+    );
+    // Past the deadline by this reader's clock (a node clock running ahead), still resumable;
+    // the renewal's compare-and-swap is the judge.
+    r.clock.advance(TTL * 2);
+    let mut late = r.db.resume_lease("l", &me, 1, TTL).await.unwrap().expect("ours");
+    late.renew().await.unwrap();
+    // Once stolen, a resumed handle of the old epoch is fenced at its first write.
+    let mut stale = r.db.resume_lease("l", &me, 1, TTL).await.unwrap().unwrap();
+    r.clock.advance(TTL * 2);
+    r.db.lease("l", opts("thief")).await.unwrap().unwrap();
+    let err = stale.renew().await.unwrap_err();
+    assert!(err.is_lease_lost(), "{err}");
+    assert!(r.db.resume_lease("l", &me, 1, TTL).await.unwrap().is_none());
 }
 
 pub async fn lease_released_handle_is_lost(r: Rig) {

@@ -210,6 +210,7 @@ impl Harness {
                 bucket: self.bucket.clone(),
                 forwarded_env: [("AWS_REGION".to_string(), "us-east-1".to_string())].into(),
                 sweep_interval: Duration::from_secs(1),
+                clock_skew_allowance: Duration::from_secs(5),
                 sidecar_credentials_secret: None,
             },
         })
@@ -357,8 +358,59 @@ impl Harness {
             .unwrap_or_else(|e| panic!("set the phase of pod {pod}: {e}"));
     }
 
-    /// Deletes a pod at once (no kubelet is there to stop it).
+    /// Places a pod on a node no kubelet serves (the binding subresource, as the scheduler
+    /// does): from then on only a kubelet's report could say it stopped.
+    pub async fn bind_pod(&self, pod: &str, node: &str) {
+        let binding = json!({
+            "apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": pod},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        });
+        self.pods()
+            .create_subresource::<Value, Value>(
+                "binding",
+                pod,
+                &PostParams::default(),
+                &binding,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("bind pod {pod}: {e}"));
+    }
+
+    /// Plays the sidecar: records in the run's lease that the attempt's workload started.
+    pub async fn sidecar_started(&self, name: &str, run_id: &str) {
+        let key = self.keys(name).await.lease(run_id);
+        let now = cojob::json::format_time(self.now());
+        self.db
+            .cooperative_write(&key, |s| {
+                cojob::lease::merge(s, json!({"status": "running", "started_at": now}))
+            })
+            .await
+            .expect("record the start");
+    }
+
+    /// Deletes a pod as a user would (`kubectl delete pod`); the pod stays while it has
+    /// finalizers.
+    pub async fn delete_pod(&self, pod: &str) {
+        self.pods()
+            .delete(pod, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete pod {pod}: {e}"));
+    }
+
+    /// True while the pod object exists.
+    pub async fn pod_exists(&self, pod: &str) -> bool {
+        self.pods().get_opt(pod).await.unwrap().is_some()
+    }
+
+    /// Removes a pod at once, finalizers and all, as an administrator forcing it would (no
+    /// kubelet is there to stop it).
     pub async fn delete_pod_now(&self, pod: &str) {
+        let patch = json!({"metadata": {"finalizers": null}});
+        let _ = self
+            .pods()
+            .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
         let _ = self
             .pods()
             .delete(pod, &DeleteParams::default().grace_period(0))

@@ -1,0 +1,91 @@
+//! Cancel: stop a run for good (the job was deleted, or `Replace` supersedes it).
+
+use cojob::{Error as StoreError, LeaseOptions};
+use serde_json::json;
+
+use super::pods::{self, Stop};
+use super::{RunPods, SweepError, foreign, holder, now_str};
+use crate::context::JobScope;
+use crate::index::ActiveRun;
+use crate::run::{self, PodView, RunPhase, RunState};
+
+/// Cancels a run cooperatively: marks `cancel_requested` (the sidecar shows it to the
+/// workload), then, holding the lease through its Secret, releases it as `cancelled` and
+/// deletes the live pod. A run that was never dispatched is recorded as cancelled so it never
+/// starts. Returns true once the run is terminal.
+pub async fn cancel_run(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    pods: &RunPods,
+) -> Result<bool, SweepError> {
+    let db = &scope.cx.db;
+    let key = scope.keys.lease(&run.run_id);
+    let now = now_str(scope);
+    let lease = db.inspect_lease(&key).await?;
+    let held = match &lease {
+        Some(l) => {
+            let state = RunState::parse(&l.state).map_err(|r| foreign(&run.run_id, r))?;
+            if state.status.is_terminal() {
+                return Ok(true);
+            }
+            !l.is_released() && !l.is_expired_at(db.clock().now())
+        }
+        None => false,
+    };
+    if !held {
+        let (run_id, fire_time, now2) = (run.run_id.clone(), run.fire_time.clone(), now.clone());
+        let opts = LeaseOptions::new(cojob::new_holder(), scope.ttl()).state_fn(move |p| {
+            Ok(match p {
+                Some(p) => run::cancel(p, &now2)?,
+                None => json!({
+                    "status": RunPhase::Cancelled, "attempt": 0, "run_id": run_id,
+                    "fire_time": fire_time, "reason": "Cancelled", "finished_at": now2,
+                    "cancel_requested": true,
+                }),
+            })
+        });
+        return match db.lease_from(&key, opts, lease.as_ref()).await {
+            Ok(Some(mut handle)) => {
+                handle.release(None).await?;
+                pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(StoreError::Aborted { .. }) => Ok(true),
+            Err(e) => Err(e.into()),
+        };
+    }
+    let Some(lease) = lease else {
+        return Ok(false);
+    };
+    db.cooperative_write(&key, |s| {
+        cojob::lease::merge(s, json!({"cancel_requested": true}))
+    })
+    .await?;
+    if let PodView::Ended(_) = pods::pod_view(pods.get(&lease.epoch)) {
+        return Ok(false); // the sweeper completes it (as cancelled unless it succeeded)
+    }
+    let Some(holder) =
+        holder::read_holder(scope, &holder::secret_name(&run.run_id, lease.epoch)).await?
+    else {
+        // No holder: stop the pods; the lease expires and the sweeper records the cancel.
+        pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
+        return Ok(false);
+    };
+    let Some(mut handle) = db.attach_lease(&key, &holder, scope.ttl()).await? else {
+        return Ok(false);
+    };
+    // Computed on the freshest state: a completion that won the race is not overwritten.
+    match handle
+        .release_with(|s| run::cancel(s, &now).map_err(Into::into))
+        .await
+    {
+        Ok(()) => {}
+        Err(StoreError::Aborted { .. }) => return Ok(true), // terminal meanwhile
+        Err(e) if e.is_lease_lost() => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
+    tracing::info!(job = %scope.name, run = %run.run_id, "run cancelled");
+    Ok(true)
+}

@@ -1,0 +1,189 @@
+//! Completion: record how an attempt ended in the run's lease, then retry or finish.
+//!
+//! The final state is computed inside the compare-and-swap ([`cojob::Lease::release_with`]),
+//! from the freshest stored state, so a cancel requested meanwhile is never erased. A pod of
+//! any epoch whose workload succeeded ends the run as `succeeded` (G2).
+
+use cojob::{Error as StoreError, LeaseInfo, LeaseOptions};
+use kube::runtime::events::EventType;
+use serde_json::Value;
+
+use super::{RunPods, RunReport, SweepError, active, dispatch, finished, foreign, holder, now_str};
+use crate::context::JobScope;
+use crate::index::ActiveRun;
+use crate::run::{self, PodOutcome, Refusal, RunPhase, RunState};
+
+/// How a state transition computes the final state from the stored one.
+type Transition = dyn Fn(&Value) -> Result<(Value, RunPhase), Refusal> + Send + Sync;
+
+/// A pod ended (the current epoch's, or any epoch's with a success): release with the final
+/// state, and dispatch the next attempt when one is due.
+pub async fn complete(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    outcome: &PodOutcome,
+    pods: &RunPods,
+) -> Result<RunReport, SweepError> {
+    let (max, now) = (scope.max_attempts(), now_str(scope));
+    let outcome2 = outcome.clone();
+    let transition: Box<Transition> = Box::new(move |s| run::complete(s, &outcome2, max, &now));
+    let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
+        return Ok(active(Some(lease), None));
+    };
+    after_record(scope, run, lease, state, phase, pods).await
+}
+
+/// The current attempt's pod did not start its workload within `startTimeoutSeconds`: end the
+/// attempt (it counts), stop the pod, and retry when attempts are left. Nothing is recorded if
+/// the sidecar recorded a start meanwhile.
+pub async fn start_timed_out(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    pods: &RunPods,
+) -> Result<RunReport, SweepError> {
+    let (max, now) = (scope.max_attempts(), now_str(scope));
+    let transition: Box<Transition> = Box::new(move |s| run::start_timed_out(s, max, &now));
+    let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
+        return Ok(active(Some(lease), None));
+    };
+    let pod = format!("{}-{}", run.run_id, lease.epoch);
+    tracing::info!(job = %scope.name, run = %run.run_id, %pod, "the attempt's pod did not start in time");
+    super::pods::delete_pod(scope, &pod, super::pods::Stop::Fence).await?;
+    after_record(scope, run, lease, state, phase, pods).await
+}
+
+/// Writes the transition's state and releases the lease, holding it with the attempt's
+/// Secret, or, when that holder is gone and the lease expired or was released, by taking it
+/// over guarded by the attempt's `dispatch` marker (so a newer attempt is never overwritten).
+/// `None`: someone else recorded the attempt first, or the transition refused.
+async fn record(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    transition: &Transition,
+) -> Result<Option<(Value, RunPhase)>, SweepError> {
+    let db = &scope.cx.db;
+    let key = scope.keys.lease(&run.run_id);
+    let holder = holder::read_holder(scope, &holder::secret_name(&run.run_id, lease.epoch)).await?;
+    let attached = match &holder {
+        Some(h) => db.attach_lease_from(&key, lease, h, scope.ttl())?,
+        None => None,
+    };
+    let took_over = attached.is_none();
+    let mut handle = match attached {
+        Some(handle) => handle,
+        None if lease.is_released() || lease.is_expired_at(db.clock().now()) => {
+            let dispatch = RunState::parse(&lease.state)
+                .map_err(|r| foreign(&run.run_id, r))?
+                .dispatch;
+            let opts = LeaseOptions::new(cojob::new_holder(), scope.ttl()).state_fn(move |p| {
+                let p = p.cloned().unwrap_or(Value::Null);
+                if RunState::parse(&p)?.dispatch != dispatch {
+                    return Err(Refusal::AlreadyDispatched.into());
+                }
+                Ok(p)
+            });
+            match db.lease_from(&key, opts, Some(lease)).await {
+                Ok(Some(handle)) => handle,
+                Ok(None) | Err(StoreError::Aborted { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        None => return Ok(None),
+    };
+    let mut phase = RunPhase::Pending;
+    let result = handle
+        .release_with(|s| {
+            let (next, p) = transition(s)?;
+            phase = p;
+            Ok(next)
+        })
+        .await;
+    match result {
+        Ok(()) => Ok(Some((handle.state().clone(), phase))),
+        Err(StoreError::Aborted { .. }) => {
+            // Refused on the freshest state (recorded by someone else, or started meanwhile).
+            // A takeover handle is released with what is stored, so the epoch it took is not
+            // left held.
+            if took_over && !handle.is_released() {
+                let _ = handle.release(None).await;
+            }
+            Ok(None)
+        }
+        Err(e) if e.is_lease_lost() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn after_record(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    state: Value,
+    phase: RunPhase,
+    pods: &RunPods,
+) -> Result<RunReport, SweepError> {
+    let parsed = RunState::parse(&state).map_err(|r| foreign(&run.run_id, r))?;
+    if phase == RunPhase::Retrying {
+        scope
+            .run_event(
+                EventType::Warning,
+                "RunRetrying",
+                format!(
+                    "run {} attempt {} failed (exit code {}, reason {}); retrying",
+                    run.run_id,
+                    parsed.attempt,
+                    parsed.exit_code.map_or("none".into(), |c| c.to_string()),
+                    parsed.reason.as_deref().unwrap_or("Error"),
+                ),
+                Some(&format!("{}-{}", run.run_id, lease.epoch)),
+            )
+            .await;
+        let released = scope
+            .cx
+            .db
+            .inspect_lease(&scope.keys.lease(&run.run_id))
+            .await?;
+        return dispatch::dispatch(scope, run, released.as_ref(), pods).await;
+    }
+    announce_end(scope, run, &parsed, lease.epoch).await;
+    let info = LeaseInfo {
+        holder: None,
+        state,
+        ..lease.clone()
+    };
+    Ok(finished(run, Some(&info), &parsed))
+}
+
+/// Publishes the Event of a run's end.
+pub async fn announce_end(scope: &JobScope<'_>, run: &ActiveRun, state: &RunState, epoch: u64) {
+    let code = state
+        .exit_code
+        .map_or_else(|| "none".to_string(), |c| c.to_string());
+    let pod = format!("{}-{epoch}", run.run_id);
+    let (type_, reason, note) = match state.status {
+        RunPhase::Succeeded => (
+            EventType::Normal,
+            "RunSucceeded",
+            format!("run {} succeeded on attempt {}", run.run_id, state.attempt),
+        ),
+        RunPhase::Cancelled => (
+            EventType::Normal,
+            "RunCancelled",
+            format!("run {} cancelled", run.run_id),
+        ),
+        _ => (
+            EventType::Warning,
+            "RunFailed",
+            format!(
+                "run {} failed after {} attempt(s) (exit code {code}, reason {})",
+                run.run_id,
+                state.attempt,
+                state.reason.as_deref().unwrap_or("Error")
+            ),
+        ),
+    };
+    scope.run_event(type_, reason, note, Some(&pod)).await;
+}

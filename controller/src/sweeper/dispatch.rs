@@ -1,0 +1,207 @@
+//! Dispatch: acquire a new epoch for a run and start its pod, never while a pod of an older
+//! attempt can still run (G3).
+
+use cojob::{Error as StoreError, LeaseInfo, LeaseOptions};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::events::EventType;
+
+use super::{RunPods, RunReport, SweepError, active, complete, finished, foreign, holder, now_str};
+use crate::context::JobScope;
+use crate::index::ActiveRun;
+use crate::pod::{RunIdentity, SidecarConfig};
+use crate::run::{self, Acquire, Refusal, RunState};
+
+/// Acquires a new epoch for `run` and spawns its pod once every older pod is quiescent. `prev`
+/// is the lease as last read.
+///
+/// The holder Secret is created first and named after the epoch this dispatch expects; the
+/// acquisition's `dispatch` marker makes a second controller doing the same attach instead of
+/// taking another epoch.
+pub async fn dispatch(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    prev: Option<&LeaseInfo>,
+    pods: &RunPods,
+) -> Result<RunReport, SweepError> {
+    let db = &scope.cx.db;
+    let key = scope.keys.lease(&run.run_id);
+    let expected = prev.map_or(1, |l| l.epoch.saturating_add(1));
+    let secret = holder::secret_name(&run.run_id, expected);
+    let Some(holder) =
+        holder::ensure(scope, run, &secret, expected, cojob::new_holder()).await?
+    else {
+        return Ok(active(prev, None));
+    };
+    let acquire = Acquire {
+        run_id: run.run_id.clone(),
+        fire_time: run.fire_time.clone(),
+        dispatch: secret.clone(),
+        max_attempts: scope.max_attempts(),
+        now: now_str(scope),
+    };
+    let opts = LeaseOptions::new(holder.clone(), scope.ttl())
+        .state_fn(move |p| run::acquire(p, &acquire).map_err(Into::into));
+    let mut acquired_here = true;
+    let mut lease = match db.lease_from(&key, opts, prev).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => {
+            // Held by someone else and not expired: another controller is ahead of us.
+            let now = db.inspect_lease(&key).await?;
+            return Ok(active(now.as_ref(), None));
+        }
+        Err(StoreError::Aborted { source, .. }) => match source.downcast_ref::<Refusal>() {
+            Some(Refusal::AlreadyDispatched) => {
+                acquired_here = false;
+                match db.attach_lease(&key, &holder, scope.ttl()).await? {
+                    Some(lease) => lease,
+                    None => {
+                        let now = db.inspect_lease(&key).await?;
+                        return Ok(active(now.as_ref(), None));
+                    }
+                }
+            }
+            Some(Refusal::Terminal(_)) => {
+                let now = db.inspect_lease(&key).await?;
+                let state = now
+                    .as_ref()
+                    .map(|l| RunState::parse(&l.state))
+                    .transpose()
+                    .map_err(|r| foreign(&run.run_id, r))?
+                    .unwrap_or_default();
+                return Ok(finished(run, now.as_ref(), &state));
+            }
+            Some(other) => return Err(foreign(&run.run_id, other.clone())),
+            None => return Err(StoreError::Aborted { key, source }.into()),
+        },
+        Err(e) => return Err(e.into()),
+    };
+    let state = RunState::parse(lease.state()).map_err(|r| foreign(&run.run_id, r))?;
+    let epoch = lease.epoch();
+    if state.status.is_terminal() {
+        // Out of attempts, or cancelled: recorded by this acquisition; release at once.
+        lease.release(None).await?;
+        let _ = scope
+            .secrets
+            .delete(&secret, &DeleteParams::default())
+            .await;
+        complete::announce_end(scope, run, &state, epoch).await;
+        let info = LeaseInfo {
+            epoch,
+            holder: None,
+            deadline: lease.deadline(),
+            state: lease.state().clone(),
+            version: lease.version().clone(),
+        };
+        return Ok(finished(run, Some(&info), &state));
+    }
+    if epoch != expected {
+        // The lease moved between our read and our write; name the Secret after the epoch won.
+        let kept = holder::ensure(
+            scope,
+            run,
+            &holder::secret_name(&run.run_id, epoch),
+            epoch,
+            holder.clone(),
+        )
+        .await?;
+        if kept.as_deref() != Some(holder.as_str()) {
+            // Another dispatch named a Secret after this epoch first: its holder is not the
+            // lease's, so a pod using it could never attach. Let the lease expire instead.
+            tracing::warn!(job = %scope.name, run = %run.run_id, epoch, "the Secret of this epoch holds another holder; not spawning");
+            return Ok(RunReport::Active {
+                epoch,
+                attempt: state.attempt,
+                pod: None,
+                phase: state.status,
+            });
+        }
+    }
+    let blocking: Vec<String> = pods
+        .range(..epoch)
+        .filter(|(_, p)| !super::pods::pod_view(Some(p)).is_quiescent())
+        .map(|(_, p)| p.name_any())
+        .collect();
+    let pod = if blocking.is_empty() {
+        spawn(scope, run, epoch, state.attempt).await?
+    } else {
+        None
+    };
+    // Announced by the controller that acquired the epoch, not by one that attached to it.
+    if acquired_here {
+        let reason = if state.attempt <= 1 && epoch == 1 {
+            "RunDispatched"
+        } else {
+            "RunRespawned"
+        };
+        let note = match &pod {
+            Some(name) => format!(
+                "run {} attempt {} started as pod {name} (epoch {epoch})",
+                run.run_id, state.attempt
+            ),
+            None => format!(
+                "run {} attempt {} (epoch {epoch}) starts once pod {} has stopped",
+                run.run_id,
+                state.attempt,
+                blocking.join(", ")
+            ),
+        };
+        let related = pod.clone().unwrap_or_else(|| format!("{}-{epoch}", run.run_id));
+        scope
+            .run_event(EventType::Normal, reason, note, Some(&related))
+            .await;
+    }
+    tracing::info!(job = %scope.name, run = %run.run_id, epoch, attempt = state.attempt, waiting_for = ?blocking, "run dispatched");
+    Ok(RunReport::Active {
+        epoch,
+        attempt: state.attempt,
+        pod,
+        phase: state.status,
+    })
+}
+
+/// Creates the pod of `(run, epoch)` (idempotent) and hands the holder Secret to it. Returns
+/// the pod's name, or `None` while a pod of the same name from an older object still exists.
+pub async fn spawn(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    epoch: u64,
+    attempt: u32,
+) -> Result<Option<String>, SweepError> {
+    let identity = RunIdentity {
+        run_id: run.run_id.clone(),
+        epoch,
+        attempt,
+        fire_time: run.fire_time.clone().unwrap_or_default(),
+        lease_key: scope.keys.lease(&run.run_id),
+    };
+    let settings = &scope.cx.settings;
+    let cfg = SidecarConfig {
+        image: settings.sidecar_image.clone(),
+        bucket: settings.bucket.clone(),
+        env: Vec::new(),
+        ttl_seconds: scope.job.spec.lease.ttl_seconds,
+        credentials_secret: settings.sidecar_credentials_secret.clone(),
+    };
+    let pod = crate::pod::build_pod(
+        &scope.job.spec.template,
+        &scope.namespace,
+        scope.owner(),
+        &scope.name,
+        &identity,
+        &cfg,
+        scope.job.spec.active_deadline_seconds,
+    );
+    let name = identity.pod_name();
+    let created = match scope.pods.create(&PostParams::default(), &pod).await {
+        Ok(p) => p,
+        Err(kube::Error::Api(s)) if s.code == 409 => scope.pods.get(&name).await?,
+        Err(e) => return Err(e.into()),
+    };
+    if !scope.owns(created.owner_references()) {
+        tracing::info!(job = %scope.name, pod = %name, "a pod of an older object with this name still exists; waiting for it to go");
+        return Ok(None);
+    }
+    holder::adopt(scope, &identity.secret_name(), &created).await?;
+    Ok(Some(name))
+}

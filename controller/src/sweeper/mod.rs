@@ -1,0 +1,311 @@
+//! The sweeper: drives each active run one step along its lifecycle.
+//!
+//! Reconcile calls [`sync_run`] for every active run in the job's index, at least every
+//! `--sweep-interval`. It reads the run's lease (one GET, never a listing), looks at the run's
+//! pods, picks the next step with [`run::decide`] and carries it out:
+//!
+//! - **dispatch** ([`dispatch`]): mint a holder, keep it in a Secret ([`holder`]), acquire a new
+//!   epoch with the [`run::acquire`] transition, and create the pod `<runId>-<epoch>` once no
+//!   pod of an older attempt can still run (G3);
+//! - **complete** ([`complete`]): a pod ended, so record its outcome in the lease and release;
+//!   a success of any epoch ends the run (G2); a failure with attempts left is dispatched again;
+//! - **steal**: the lease is past its deadline plus the clock-skew allowance (pod deleted, node
+//!   lost, sidecar silent), so take a new epoch; its pod waits until the old one is stopped;
+//! - **fence** ([`pods`]): delete live pods whose epoch is older than the lease's, with a
+//!   one-second grace period;
+//! - **cancel** ([`cancel`]): for a deleted job or `Replace`.
+//!
+//! Run pods carry a result finalizer, released only once their outcome is in the lease (or no
+//! longer matters), so a pod deleted after it succeeded still shows how it ended.
+//!
+//! Each step is idempotent and ordered so that a crash between any two steps converges (I5):
+//! the Secret is created before the lease is acquired, so a holder is never lost, and the
+//! acquisition's `dispatch` marker makes a second acquisition for the same dispatch attach
+//! instead of taking another epoch.
+
+mod cancel;
+mod complete;
+mod dispatch;
+mod holder;
+pub mod pods;
+
+use std::collections::BTreeMap;
+
+use cojob::{Error as StoreError, LeaseInfo};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::ResourceExt;
+use kube::runtime::events::EventType;
+
+pub use cancel::cancel_run;
+pub use holder::ANNOTATION_JOB_UID;
+pub use pods::{Stop, delete_pod, pod_view};
+
+use crate::context::JobScope;
+use crate::index::{ActiveRun, FinishedRun};
+use crate::pod::{LABEL_EPOCH, LABEL_RUN};
+use crate::run::{self, Observed, Refusal, RunPhase, RunState, Step};
+
+/// A failure while driving a run.
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    /// The bucket failed (unreachable, wrong credentials, contention).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The Kubernetes API failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The run's lease holds something that is not a cojob run; it is left untouched.
+    #[error("run {run_id}: {refusal}")]
+    Foreign {
+        /// The run.
+        run_id: String,
+        /// What is wrong.
+        refusal: Refusal,
+    },
+    /// A holder Secret exists but holds no usable holder; it is left untouched.
+    #[error("secret {0} holds no holder")]
+    BadSecret(String),
+}
+
+/// Where a run stands after a sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunReport {
+    /// Still running (or waiting to).
+    Active {
+        /// The lease's epoch (0 before the first acquisition).
+        epoch: u64,
+        /// The attempt.
+        attempt: u32,
+        /// The current pod, if it exists.
+        pod: Option<String>,
+        /// The run's phase.
+        phase: RunPhase,
+    },
+    /// Terminal.
+    Finished(FinishedRun),
+}
+
+/// The pods of one run, by epoch.
+pub type RunPods = BTreeMap<u64, Pod>;
+
+/// Groups the job's pods by run and epoch, keeping only pods this job controls.
+pub fn group_pods(scope: &JobScope<'_>, pods: Vec<Pod>) -> BTreeMap<String, RunPods> {
+    let mut out: BTreeMap<String, RunPods> = BTreeMap::new();
+    for pod in pods {
+        if !scope.owns(pod.owner_references()) {
+            continue;
+        }
+        let labels = pod.labels();
+        let (Some(run), Some(epoch)) = (
+            labels.get(LABEL_RUN).cloned(),
+            labels.get(LABEL_EPOCH).and_then(|e| e.parse::<u64>().ok()),
+        ) else {
+            continue;
+        };
+        out.entry(run).or_default().insert(epoch, pod);
+    }
+    out
+}
+
+fn now_str(scope: &JobScope<'_>) -> String {
+    cojob::json::format_time(scope.cx.db.clock().now())
+}
+
+fn foreign(run_id: &str, refusal: Refusal) -> SweepError {
+    SweepError::Foreign {
+        run_id: run_id.into(),
+        refusal,
+    }
+}
+
+/// What the sweeper sees of a run's pods, for [`run::decide`].
+async fn observe(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: Option<&LeaseInfo>,
+    pods: &RunPods,
+) -> Result<Observed, SweepError> {
+    let current = pod_view(lease.and_then(|l| pods.get(&l.epoch)));
+    let succeeded = pods
+        .values()
+        .find_map(|p| pod_view(Some(p)).succeeded().cloned());
+    let predecessors_quiescent = lease.is_none_or(|l| pods::predecessors_quiescent(pods, l.epoch));
+    // A missing pod is created again only when its Secret was never handed to a pod: then a
+    // crash came between acquiring and creating, or the pod waits for an older one to stop. A
+    // Secret owned by a pod means the pod existed and was deleted; its lease must expire first.
+    let never_spawned = match (lease, &current) {
+        (Some(l), run::PodView::Absent) if !l.is_released() && !pods.contains_key(&l.epoch) => {
+            holder::never_handed_to_a_pod(scope, &holder::secret_name(&run.run_id, l.epoch))
+                .await?
+        }
+        _ => false,
+    };
+    Ok(Observed {
+        current,
+        succeeded,
+        predecessors_quiescent,
+        never_spawned,
+    })
+}
+
+/// Drives one active run a step forward.
+pub async fn sync_run(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    pods: &RunPods,
+) -> Result<RunReport, SweepError> {
+    let key = scope.keys.lease(&run.run_id);
+    let lease = scope.cx.db.inspect_lease(&key).await?;
+    if let Some(l) = &lease {
+        pods::fence(scope, run, pods, l.epoch).await?;
+    }
+    let seen = observe(scope, run, lease.as_ref(), pods).await?;
+    let step = run::decide(lease.as_ref(), &seen, &scope.timing())
+        .map_err(|r| foreign(&run.run_id, r))?;
+    tracing::debug!(job = %scope.name, run = %run.run_id, ?step, "sweep");
+    let current = lease.as_ref().and_then(|l| pods.get(&l.epoch));
+    let report = match (step, &lease) {
+        (Step::Dispatch, _) | (_, None) => dispatch::dispatch(scope, run, lease.as_ref(), pods).await?,
+        (Step::Finished(state), _) => {
+            // A pod created by a racing dispatch after the run ended, or left by a crash
+            // between a cancel's release and its pod deletion: stop it (its sidecar cannot
+            // attach, so its workload never started).
+            pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
+            finished(run, lease.as_ref(), &state)
+        }
+        (Step::Wait, Some(l)) => {
+            let secret = match current {
+                // A crash may have come between creating the pod and handing it its Secret.
+                Some(pod) => {
+                    holder::adopt(scope, &holder::secret_name(&run.run_id, l.epoch), pod).await?
+                }
+                None if seen.never_spawned => {
+                    scope
+                        .secrets
+                        .get_opt(&holder::secret_name(&run.run_id, l.epoch))
+                        .await?
+                }
+                None => None,
+            };
+            keep_pending_alive(scope, run, l, current, secret.as_ref()).await?;
+            active(lease.as_ref(), current)
+        }
+        (Step::CreatePod, Some(l)) => {
+            let state = RunState::parse(&l.state).map_err(|r| foreign(&run.run_id, r))?;
+            let pod = dispatch::spawn(scope, run, l.epoch, state.attempt).await?;
+            tracing::info!(job = %scope.name, run = %run.run_id, epoch = l.epoch, ?pod, "pod created");
+            RunReport::Active {
+                epoch: l.epoch,
+                attempt: state.attempt,
+                pod,
+                phase: state.status,
+            }
+        }
+        (Step::Complete(outcome), Some(l)) => {
+            complete::complete(scope, run, l, &outcome, pods).await?
+        }
+        (Step::StartTimedOut, Some(l)) => complete::start_timed_out(scope, run, l, pods).await?,
+        (Step::Steal, Some(l)) => steal(scope, run, l, pods).await?,
+    };
+    pods::release_settled(scope, pods, lease.as_ref(), &report).await?;
+    Ok(report)
+}
+
+/// The lease is past its deadline plus the skew allowance: take a new epoch (which fences the
+/// old holder in the bucket), then stop the old pod; the new pod starts once it is quiescent.
+async fn steal(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    pods: &RunPods,
+) -> Result<RunReport, SweepError> {
+    let report = dispatch::dispatch(scope, run, Some(lease), pods).await?;
+    let epoch = match &report {
+        RunReport::Active { epoch, .. } => *epoch,
+        RunReport::Finished(f) => f.epoch,
+    };
+    if epoch > lease.epoch {
+        let stale = format!("{}-{}", run.run_id, lease.epoch);
+        scope
+            .run_event(
+                EventType::Warning,
+                "LeaseLost",
+                format!(
+                    "run {}: the lease of epoch {} expired (pod gone or silent); taken over by epoch {epoch}",
+                    run.run_id, lease.epoch
+                ),
+                Some(&stale),
+            )
+            .await;
+        pods::fence(scope, run, pods, epoch).await?;
+    }
+    Ok(report)
+}
+
+/// Renews the lease of an attempt whose workload has not started: its pod is pending
+/// (unscheduled, pulling its image), or not created yet because an older pod is still
+/// stopping. Its sidecar cannot renew before it runs, and a slow start is not a lost run; the
+/// start timeout bounds it. The renewal is due when a third of the ttl has passed, so it costs
+/// one write every ttl/3 per pending run.
+async fn keep_pending_alive(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    pod: Option<&Pod>,
+    secret: Option<&Secret>,
+) -> Result<(), SweepError> {
+    let waiting = match pod {
+        Some(pod) => {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            matches!(phase, None | Some("Pending")) && pod.metadata.deletion_timestamp.is_none()
+        }
+        None => true, // only reached with a Secret when the pod was never created
+    };
+    let pending = waiting
+        && !lease.is_released()
+        && RunState::parse(&lease.state).is_ok_and(|s| s.never_started());
+    let ttl = scope.ttl();
+    let left = (lease.deadline - scope.cx.db.clock().now())
+        .to_std()
+        .unwrap_or_default();
+    if !pending || left > ttl * 2 / 3 {
+        return Ok(());
+    }
+    let Some(secret) = secret else {
+        return Ok(());
+    };
+    let holder = holder::holder_of(secret)?;
+    let key = scope.keys.lease(&run.run_id);
+    if let Some(mut handle) = scope.cx.db.attach_lease_from(&key, lease, &holder, ttl)? {
+        match handle.renew().await {
+            Ok(()) => {
+                tracing::debug!(job = %scope.name, run = %run.run_id, "renewed the lease of a pending attempt")
+            }
+            Err(e) if e.is_lease_lost() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn active(lease: Option<&LeaseInfo>, pod: Option<&Pod>) -> RunReport {
+    let state = lease.and_then(|l| RunState::parse(&l.state).ok());
+    RunReport::Active {
+        epoch: lease.map_or(0, |l| l.epoch),
+        attempt: state.as_ref().map_or(0, |s| s.attempt),
+        pod: pod.map(|p| p.name_any()),
+        phase: state.map_or(RunPhase::Pending, |s| s.status),
+    }
+}
+
+fn finished(run: &ActiveRun, lease: Option<&LeaseInfo>, state: &RunState) -> RunReport {
+    RunReport::Finished(FinishedRun {
+        run_id: run.run_id.clone(),
+        fire_time: run.fire_time.clone(),
+        status: state.status,
+        epoch: lease.map_or(0, |l| l.epoch),
+        attempt: state.attempt,
+        exit_code: state.exit_code,
+        finished_at: state.finished_at.clone(),
+    })
+}

@@ -1,0 +1,220 @@
+//! Faults from outside the controller, against the real kube-apiserver and S3 server (the
+//! tests play the kubelet and the sidecar, and move a fake clock): each test here failed on the
+//! controller before the guarantee it names was built (see `docs/guarantees.md`).
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::Harness;
+
+fn state(l: &cojob::LeaseInfo) -> cojob_controller::run::RunState {
+    cojob_controller::run::RunState::parse(&l.state).expect("a run state")
+}
+
+/// Waits (in real time) until the pod object is gone.
+async fn gone(h: &Harness, pod: &str) -> bool {
+    for _ in 0..50 {
+        if !h.pod_exists(pod).await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// G2. The pod is deleted right after its workload exited 0, before any controller recorded
+/// the result. Its result finalizer keeps the kubelet's record until the success is in the
+/// lease; the run is never started again, however long the controller was away.
+#[tokio::test]
+async fn a_pod_deleted_after_it_succeeded_is_recorded_and_never_run_again() {
+    let h = Harness::new("it-g2").await;
+    h.create_job("done", json!({"lease": {"ttlSeconds": 30}})).await;
+    h.settle("done", 1).await;
+    h.start_pod("done-once-1").await;
+    h.sidecar_started("done", "done-once").await;
+    h.finish_pod("done-once-1", 0).await;
+    h.delete_pod("done-once-1").await;
+    assert!(
+        h.pod_exists("done-once-1").await,
+        "the result finalizer keeps the pod"
+    );
+    // The controller comes back long after the lease expired.
+    h.advance(Duration::from_secs(120));
+    h.settle("done", 3).await;
+    let lease = h.lease("done", "done-once").await.unwrap();
+    let st = state(&lease);
+    assert_eq!(
+        (lease.epoch, st.status.as_str(), st.exit_code),
+        (1, "succeeded", Some(0)),
+        "recorded from the deleted pod, at its own epoch"
+    );
+    assert!(gone(&h, "done-once-1").await, "then the pod may go");
+    assert!(
+        h.job_pods("done").await.is_empty(),
+        "no second attempt ever existed"
+    );
+    h.cleanup().await;
+}
+
+/// G3. A running pod stops renewing (its sidecar is frozen) while its workload goes on. The
+/// lease is taken over, but the next attempt's pod is created only once the kubelet reported
+/// the old one stopped; until then the new epoch's lease is kept alive and nothing runs twice.
+#[tokio::test]
+async fn a_stolen_attempt_waits_until_the_old_pod_has_stopped() {
+    let h = Harness::new("it-g3").await;
+    h.create_job(
+        "frozen",
+        json!({"maxAttempts": 3, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("frozen", 1).await;
+    h.bind_pod("frozen-once-1", "node-without-kubelet").await;
+    h.start_pod("frozen-once-1").await;
+    h.sidecar_started("frozen", "frozen-once").await;
+    h.advance(Duration::from_secs(36));
+    h.settle("frozen", 2).await;
+    let lease = h.lease("frozen", "frozen-once").await.unwrap();
+    assert_eq!(lease.epoch, 2, "taken over");
+    let old = h.pods().get("frozen-once-1").await.unwrap();
+    assert!(
+        old.metadata.deletion_timestamp.is_some(),
+        "the old pod is being stopped"
+    );
+    assert_eq!(
+        old.metadata.deletion_grace_period_seconds,
+        Some(1),
+        "with a one-second grace period"
+    );
+    assert!(
+        !h.pod_exists("frozen-once-2").await,
+        "no new pod while the old one may still run"
+    );
+    // The old pod takes longer than a ttl to stop: the new epoch keeps its lease meanwhile.
+    for _ in 0..8 {
+        h.advance(Duration::from_secs(10));
+        h.settle("frozen", 1).await;
+    }
+    let lease = h.lease("frozen", "frozen-once").await.unwrap();
+    assert_eq!(lease.epoch, 2, "80 s waiting, the new epoch kept");
+    assert!(!lease.is_expired_at(h.now()));
+    assert!(!h.pod_exists("frozen-once-2").await);
+    // The kubelet reports the old workload killed: now, and only now, the next attempt starts.
+    h.finish_pod("frozen-once-1", 137).await;
+    h.settle("frozen", 2).await;
+    assert!(h.pod_exists("frozen-once-2").await, "the next attempt");
+    assert!(gone(&h, "frozen-once-1").await, "its finalizer released");
+    let st = state(&h.lease("frozen", "frozen-once").await.unwrap());
+    assert_eq!((st.status.as_str(), st.attempt), ("pending", 2));
+    h.cleanup().await;
+}
+
+/// G2 across epochs. The old attempt's workload finished successfully just before it was
+/// stopped: the run succeeded, and the attempt that took over never starts.
+#[tokio::test]
+async fn a_success_of_a_taken_over_attempt_ends_the_run() {
+    let h = Harness::new("it-g2-late").await;
+    h.create_job("late", json!({"lease": {"ttlSeconds": 30}})).await;
+    h.settle("late", 1).await;
+    h.bind_pod("late-once-1", "node-without-kubelet").await;
+    h.start_pod("late-once-1").await;
+    h.sidecar_started("late", "late-once").await;
+    h.advance(Duration::from_secs(36));
+    h.settle("late", 2).await;
+    assert_eq!(h.lease("late", "late-once").await.unwrap().epoch, 2);
+    h.finish_pod("late-once-1", 0).await;
+    h.settle("late", 2).await;
+    let lease = h.lease("late", "late-once").await.unwrap();
+    assert!(lease.is_released());
+    assert_eq!(state(&lease).status.as_str(), "succeeded");
+    assert!(!h.pod_exists("late-once-2").await, "never started");
+    assert!(gone(&h, "late-once-1").await);
+    h.cleanup().await;
+}
+
+/// A controller outage while the only attempt's pod waited to start: taking the lease over
+/// costs no attempt, since nothing ran.
+#[tokio::test]
+async fn losing_an_attempt_that_never_started_costs_no_attempt() {
+    let h = Harness::new("it-unstarted").await;
+    h.create_job(
+        "once",
+        json!({"maxAttempts": 1, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("once", 1).await;
+    h.advance(Duration::from_secs(40)); // no controller renewed the pending pod's lease
+    h.settle("once", 2).await;
+    let lease = h.lease("once", "once-once").await.unwrap();
+    let st = state(&lease);
+    assert_eq!(
+        (lease.epoch, st.status.as_str(), st.attempt),
+        (2, "pending", 1),
+        "still the first attempt, not AttemptsExhausted"
+    );
+    assert!(h.pod_exists("once-once-2").await);
+    h.cleanup().await;
+}
+
+/// A pod that never starts (unschedulable here) is not kept alive forever: after
+/// `startTimeoutSeconds` the attempt fails with `StartTimeout`, and counts.
+#[tokio::test]
+async fn a_pod_that_never_starts_fails_its_attempt_after_the_start_timeout() {
+    let h = Harness::new("it-start").await;
+    h.create_job(
+        "stuck",
+        json!({"maxAttempts": 2, "startTimeoutSeconds": 60, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("stuck", 1).await;
+    for _ in 0..5 {
+        h.advance(Duration::from_secs(11));
+        h.settle("stuck", 1).await;
+    }
+    assert_eq!(
+        h.lease("stuck", "stuck-once").await.unwrap().epoch,
+        1,
+        "kept alive within the start timeout"
+    );
+    h.advance(Duration::from_secs(6));
+    h.settle("stuck", 2).await;
+    let lease = h.lease("stuck", "stuck-once").await.unwrap();
+    let st = state(&lease);
+    assert_eq!((lease.epoch, st.attempt), (2, 2), "the retry");
+    assert!(h.pod_exists("stuck-once-2").await);
+    assert!(!h.live_pod_names("stuck").await.contains(&"stuck-once-1".to_string()));
+    let reasons = h.event_reasons("stuck").await;
+    assert!(reasons.iter().any(|r| r == "RunRetrying"), "{reasons:?}");
+    // The retry does not start either: out of attempts.
+    h.advance(Duration::from_secs(61));
+    h.settle("stuck", 2).await;
+    let st = state(&h.lease("stuck", "stuck-once").await.unwrap());
+    assert_eq!(
+        (st.status.as_str(), st.reason.as_deref()),
+        ("failed", Some("StartTimeout"))
+    );
+    h.cleanup().await;
+}
+
+/// A pod deleted while it runs (the kubelet reports it killed) is a failed attempt, retried
+/// under a new epoch once it has stopped.
+#[tokio::test]
+async fn a_pod_deleted_mid_run_is_retried_once_stopped() {
+    let h = Harness::new("it-midrun").await;
+    h.create_job("mid", json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}})).await;
+    h.settle("mid", 1).await;
+    h.bind_pod("mid-once-1", "node-without-kubelet").await;
+    h.start_pod("mid-once-1").await;
+    h.sidecar_started("mid", "mid-once").await;
+    h.delete_pod("mid-once-1").await;
+    h.settle("mid", 1).await;
+    assert!(!h.pod_exists("mid-once-2").await, "still stopping");
+    h.finish_pod("mid-once-1", 143).await;
+    h.settle("mid", 2).await;
+    let lease = h.lease("mid", "mid-once").await.unwrap();
+    assert_eq!((lease.epoch, state(&lease).attempt), (2, 2));
+    assert!(h.pod_exists("mid-once-2").await);
+    assert!(gone(&h, "mid-once-1").await);
+    h.cleanup().await;
+}

@@ -1,0 +1,1264 @@
+//! An exhaustive model of one cojob run, checked with [`stateright`].
+//!
+//! The model is the run protocol that `cojob-controller` implements: a run's truth is its lease
+//! document in the bucket, every bucket write is a linearizable compare-and-swap of the whole
+//! document (one atomic step here), and the actors around it are
+//!
+//! - two stateless **controllers** (each step reads the bucket and the Kubernetes API afresh
+//!   and does at most one write: dispatch or steal, fence, create the pod, keep alive,
+//!   complete, remove a pod's finalizer, cancel);
+//! - the **kubelet and the sidecar** of each pod (schedule, attach, renew, workload end, kill
+//!   of a deleting pod), each sidecar with its own clock;
+//! - **external actors** that delete any pod at any time (kubectl, PodGC, a node drain).
+//!
+//! Time is a global integer `t` advanced by [`Action::Tick`]; every process reads
+//! `t + skew` with a fixed skew in `[-S, S]` picked when the model starts (controllers) or
+//! when the pod is scheduled (sidecars). Crashes, frozen sidecars and network partitions
+//! need no action of their own: an actor that never takes its next step is one of the
+//! behaviours the checker already explores.
+//!
+//! [`RunModel`] is parameterised by [`Rules`]: [`Rules::NEW`] is the design being
+//! implemented, and turning off one rule gives the older design that the checker must
+//! refute (the negative controls in `tests/`). [`Bounds`] sizes the state space. The
+//! properties are listed in [`RunModel::properties`](stateright::Model::properties); their
+//! names are the constants in [`prop`].
+//!
+//! ```
+//! use cojob_model::{Bounds, RunModel, Rules, check};
+//! let report = check(&RunModel::new(Rules::NEW, Bounds::tiny()), 1);
+//! assert!(report.all_hold(), "{report}");
+//! ```
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use stateright::{Checker, Expectation, HasDiscoveries, Model, Path, Property};
+
+/// The most epochs (acquisitions) a model can reach; [`Bounds::max_epochs`] may not exceed it.
+pub const MAX_EPOCHS: usize = 8;
+
+/// A time, true or local, in abstract ticks.
+pub type Time = i16;
+
+/// The design rules under test. [`Rules::NEW`] is the design being implemented; each
+/// field set to `false` brings back one rule of the older design.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rules {
+    /// The controller creates a new epoch's pod only once every pod of an older epoch is
+    /// quiescent (terminal, absent, or deleting and never scheduled). Off: the pod is created
+    /// as soon as the epoch is acquired (the old "create on steal").
+    pub wait_for_quiescent_predecessors: bool,
+    /// Run pods carry a finalizer that only the controller removes, once the pod's result is
+    /// recorded or no longer matters. Off: a deleted pod disappears with its result as soon
+    /// as its containers have stopped.
+    pub pod_finalizer: bool,
+    /// A successful pod of any epoch completes the run, and while one is seen the controller
+    /// does nothing else for the run (no dispatch, steal, keep-alive or pod creation). Off:
+    /// only the current epoch's pod is looked at.
+    pub success_of_any_epoch_completes: bool,
+    /// The tick is claimed with put-if-absent, so the loser converges on the winner's
+    /// decision. Off: a blind put, after which each controller believes its own decision.
+    pub claim_put_if_absent: bool,
+}
+
+impl Rules {
+    /// The design being implemented: every rule on.
+    pub const NEW: Rules = Rules {
+        wait_for_quiescent_predecessors: true,
+        pod_finalizer: true,
+        success_of_any_epoch_completes: true,
+        claim_put_if_absent: true,
+    };
+
+    /// The old design of the run protocol: the pod is created on steal, there is no pod
+    /// finalizer, and only the current epoch's pod completes the run. (The tick claim was
+    /// always put-if-absent.)
+    pub const OLD: Rules = Rules {
+        wait_for_quiescent_predecessors: false,
+        pod_finalizer: false,
+        success_of_any_epoch_completes: false,
+        claim_put_if_absent: true,
+    };
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules::NEW
+    }
+}
+
+/// The bounds of the state space, and the protocol's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Bounds {
+    /// Controller replicas, 1 or 2.
+    pub controllers: u8,
+    /// The lease's time to live `T`: every acquisition and renewal writes `local_now + T`.
+    pub ttl: Time,
+    /// The skew allowance `A`: a controller steals only when `local_now >= deadline + A`.
+    pub allowance: Time,
+    /// The skew bound `S`: every process's clock reads `t + skew`, `skew` in `[-S, S]`.
+    pub skew: Time,
+    /// The most attempts `M` of the run.
+    pub max_attempts: u8,
+    /// The last value of the true time `t` (it starts at 0).
+    pub max_time: Time,
+    /// The most epochs; an acquisition past it is not explored. At most [`MAX_EPOCHS`].
+    pub max_epochs: u8,
+    /// Whether the cancel path (request, release as cancelled, delete the pods) is explored.
+    pub cancel: bool,
+}
+
+impl Bounds {
+    /// The bounds of the CI test: 2 controllers, ttl 2, allowance 1, skew in `[-1, 1]`,
+    /// 2 attempts, time 0..=5, 3 epochs, no cancel.
+    pub const fn ci() -> Bounds {
+        Bounds {
+            controllers: 2,
+            ttl: 2,
+            allowance: 1,
+            skew: 1,
+            max_attempts: 2,
+            max_time: 5,
+            max_epochs: 3,
+            cancel: false,
+        }
+    }
+
+    /// Tiny bounds for doc tests and quick checks: one controller, no skew, time 0..=4.
+    pub const fn tiny() -> Bounds {
+        Bounds {
+            controllers: 1,
+            ttl: 2,
+            allowance: 1,
+            skew: 0,
+            max_attempts: 2,
+            max_time: 4,
+            max_epochs: 3,
+            cancel: false,
+        }
+    }
+
+    /// The default bounds of the release binary: CI's plus a longer time, three attempts,
+    /// more epochs and the cancel path.
+    pub const fn release() -> Bounds {
+        Bounds {
+            controllers: 2,
+            ttl: 2,
+            allowance: 1,
+            skew: 1,
+            max_attempts: 3,
+            max_time: 8,
+            max_epochs: 5,
+            cancel: true,
+        }
+    }
+}
+
+impl fmt::Display for Bounds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "controllers={} ttl={} allowance={} skew={} attempts={} time=0..={} epochs={} cancel={}",
+            self.controllers,
+            self.ttl,
+            self.allowance,
+            self.skew,
+            self.max_attempts,
+            self.max_time,
+            self.max_epochs,
+            self.cancel
+        )
+    }
+}
+
+/// A run's phase, the lease state's `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Status {
+    /// Acquired; the pod is being created or its sidecar has not attached.
+    Pending,
+    /// The sidecar attached and the workload started.
+    Running,
+    /// An attempt failed; the lease is released and the next acquisition is a new attempt.
+    Retrying,
+    /// Terminal: the work succeeded.
+    Succeeded,
+    /// Terminal: the last attempt failed, or the attempts ran out.
+    Failed,
+    /// Terminal: cancelled.
+    Cancelled,
+}
+
+impl Status {
+    /// True for the phases a run never leaves.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Succeeded | Status::Failed | Status::Cancelled)
+    }
+}
+
+/// The lease document's `state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RunState {
+    /// The phase.
+    pub status: Status,
+    /// The attempt number, from 1.
+    pub attempt: u8,
+    /// Whether the current attempt's workload started (the sidecar attached).
+    pub started: bool,
+    /// Whether a cancel was requested.
+    pub cancel_requested: bool,
+}
+
+impl RunState {
+    /// True while the current attempt's workload never started: losing it costs no attempt.
+    pub fn never_started(&self) -> bool {
+        self.status == Status::Pending && !self.started
+    }
+}
+
+/// The run's lease document. Every write replaces it whole, by compare-and-swap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// Bumped by every acquisition, from 1.
+    pub epoch: u8,
+    /// The holder token, `None` once released. The acquisition of epoch `e` writes the fresh
+    /// holder `e` and puts it in that epoch's Secret, so a holder is named by its epoch.
+    pub holder: Option<u8>,
+    /// The absolute deadline, written from the writer's own clock plus the ttl.
+    pub deadline: Time,
+    /// The run state.
+    pub state: RunState,
+}
+
+/// Where a pod is in its life, as the kubelet reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PodPhase {
+    /// Created, not yet scheduled: no container ever ran.
+    Pending,
+    /// Scheduled: the sidecar runs and has not attached yet; the workload has not started.
+    Scheduled,
+    /// The sidecar attached and the workload runs.
+    Running,
+    /// Every container ended and the workload exited 0.
+    Succeeded,
+    /// Every container ended and the workload did not exit 0, or never started.
+    Failed,
+}
+
+/// A pod of the run that exists as an API object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Pod {
+    /// The kubelet-reported phase.
+    pub phase: PodPhase,
+    /// Marked for (graceful) deletion.
+    pub deleting: bool,
+    /// Still carries the run's result finalizer.
+    pub finalizer: bool,
+    /// The clock skew of the node it was scheduled on (0 before scheduling).
+    pub skew: Time,
+}
+
+impl Pod {
+    /// Nothing of this pod can run any more: its containers ended, or it is being deleted
+    /// and was never scheduled (so it never will be).
+    pub fn is_quiescent(&self) -> bool {
+        matches!(self.phase, PodPhase::Succeeded | PodPhase::Failed)
+            || (self.deleting && self.phase == PodPhase::Pending)
+    }
+}
+
+/// The pod of one epoch, if any. There is at most one per epoch: it is created only while
+/// the epoch's Secret has not been handed to a pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum PodSlot {
+    /// Never created.
+    #[default]
+    NotCreated,
+    /// The API object exists.
+    Present(Pod),
+    /// Created, then removed from the API (with whatever result it had).
+    Gone,
+}
+
+impl PodSlot {
+    /// The pod, while its API object exists.
+    pub fn pod(&self) -> Option<&Pod> {
+        match self {
+            PodSlot::Present(pod) => Some(pod),
+            _ => None,
+        }
+    }
+
+    /// Quiescent as the controller sees it: absent, or present and quiescent.
+    pub fn is_quiescent(&self) -> bool {
+        self.pod().is_none_or(Pod::is_quiescent)
+    }
+}
+
+/// History variables: never read by the protocol, only by the properties.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Ghost {
+    /// Workloads that exited 0 (saturates at 3).
+    pub successes: u8,
+    /// A workload started after some workload of the run had exited 0.
+    pub started_after_success: bool,
+    /// A pod was created after the run was recorded succeeded.
+    pub created_after_recorded_success: bool,
+    /// A sidecar wrote the lease while it was at another epoch than its pod's.
+    pub foreign_epoch_write: bool,
+    /// A sidecar attached while the lease's current attempt had already started.
+    pub second_attach_in_epoch: bool,
+    /// The first terminal status the run was recorded with.
+    pub terminal: Option<Status>,
+    /// A held lease was stolen after its deadline.
+    pub stolen: bool,
+    /// A held lease was stolen while its running pod's own clock still read before the
+    /// deadline (the skew exceeded the allowance).
+    pub stolen_early: bool,
+    /// The run was recorded succeeded from a pod that was already marked for deletion.
+    pub success_recorded_from_deleted_pod: bool,
+    /// Controllers that decided the tick (G1).
+    pub tick_decisions: u8,
+}
+
+/// One state of the whole system.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct State {
+    /// The true time.
+    pub t: Time,
+    /// Each controller's clock skew (sorted: the controllers are interchangeable).
+    pub controller_skew: [Time; 2],
+    /// The tick's claim object exists in the bucket.
+    pub claimed: bool,
+    /// With a blind put: the controllers that wrote the claim (bit per controller).
+    pub claim_writers: u8,
+    /// The lease document, once the run was first dispatched.
+    pub lease: Option<Lease>,
+    /// The pod of each epoch; index `e - 1` holds epoch `e`'s.
+    pub pods: [PodSlot; MAX_EPOCHS],
+    /// History variables for the properties.
+    pub ghost: Ghost,
+}
+
+impl State {
+    /// The pod of `epoch` (from 1), if present.
+    pub fn pod(&self, epoch: u8) -> Option<&Pod> {
+        self.slot(epoch).and_then(PodSlot::pod)
+    }
+
+    /// The slot of `epoch` (from 1).
+    pub fn slot(&self, epoch: u8) -> Option<&PodSlot> {
+        usize::from(epoch)
+            .checked_sub(1)
+            .and_then(|i| self.pods.get(i))
+    }
+
+    fn slot_mut(&mut self, epoch: u8) -> Option<&mut PodSlot> {
+        usize::from(epoch)
+            .checked_sub(1)
+            .and_then(|i| self.pods.get_mut(i))
+    }
+
+    fn pod_mut(&mut self, epoch: u8) -> Option<&mut Pod> {
+        match self.slot_mut(epoch) {
+            Some(PodSlot::Present(pod)) => Some(pod),
+            _ => None,
+        }
+    }
+
+    /// Present pods with their epochs.
+    pub fn present_pods(&self) -> impl Iterator<Item = (u8, &Pod)> {
+        (1..=MAX_EPOCHS as u8).filter_map(|e| self.pod(e).map(|p| (e, p)))
+    }
+
+    /// The number of workloads running at once.
+    pub fn running_workloads(&self) -> usize {
+        self.present_pods()
+            .filter(|(_, p)| p.phase == PodPhase::Running)
+            .count()
+    }
+
+    /// The run's status, if dispatched.
+    pub fn status(&self) -> Option<Status> {
+        self.lease.map(|l| l.state.status)
+    }
+}
+
+/// A step of one actor. Each is atomic: it reads the current state and does at most one
+/// write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// True time advances by one.
+    Tick,
+    /// A controller claims the tick (put-if-absent, or a blind put under the old rules).
+    Claim {
+        /// The controller.
+        controller: u8,
+    },
+    /// A controller acquires a new epoch: there is no lease, or it is released and not
+    /// terminal, or it is held and `local_now >= deadline + A` (a steal).
+    Dispatch {
+        /// The controller, whose clock is read.
+        controller: u8,
+    },
+    /// A controller marks every pod of an older epoch (every pod, once cancelled) deleting.
+    Fence,
+    /// A controller creates the current epoch's pod.
+    CreatePod,
+    /// A controller renews a pending, never-started lease with the Secret's holder.
+    KeepAlive {
+        /// The controller, whose clock is read.
+        controller: u8,
+    },
+    /// A controller records a pod's end: a success of any epoch ends the run; a failure of
+    /// the current epoch's pod releases it for a retry, or fails it.
+    Complete,
+    /// A controller removes a quiescent pod's finalizer (a deleting pod then disappears).
+    RemoveFinalizer {
+        /// The pod's epoch.
+        epoch: u8,
+    },
+    /// A controller writes `cancel_requested`.
+    RequestCancel,
+    /// A controller releases a cancel-requested run as cancelled.
+    ReleaseCancelled,
+    /// The scheduler binds a pod to a node whose clock has `skew`; its sidecar starts.
+    Schedule {
+        /// The pod's epoch.
+        epoch: u8,
+        /// The node's clock skew.
+        skew: Time,
+    },
+    /// The sidecar's first write: running, started, a fresh deadline, if the lease is still
+    /// at its epoch with its holder; then the workload starts. Otherwise the pod fails.
+    Attach {
+        /// The pod's epoch.
+        epoch: u8,
+    },
+    /// The sidecar renews (epoch + holder guarded); on failure it kills the workload.
+    Renew {
+        /// The pod's epoch.
+        epoch: u8,
+    },
+    /// The workload exits.
+    WorkloadEnds {
+        /// The pod's epoch.
+        epoch: u8,
+        /// Exit 0.
+        success: bool,
+    },
+    /// The kubelet kills the containers of a deleting pod.
+    Kill {
+        /// The pod's epoch.
+        epoch: u8,
+    },
+    /// Someone deletes the pod (kubectl, PodGC, a node drain).
+    ExternalDelete {
+        /// The pod's epoch.
+        epoch: u8,
+    },
+    /// The API server removes a deleting, quiescent pod without a finalizer.
+    Remove {
+        /// The pod's epoch.
+        epoch: u8,
+    },
+}
+
+/// The names of the properties.
+pub mod prop {
+    /// G1: a tick is decided by one controller.
+    pub const G1_ONE_DECISION: &str = "G1 one decision per tick";
+    /// G2: no workload starts after a workload of the run exited 0.
+    pub const G2_NO_START_AFTER_SUCCESS: &str = "G2 no workload starts after a success";
+    /// G2: at most one workload of the run exits 0.
+    pub const G2_ONE_SUCCESS: &str = "G2 at most one successful execution";
+    /// G2: no pod is created once the run is recorded succeeded.
+    pub const G2_NO_POD_AFTER_RECORDED: &str = "G2 no pod created after recorded success";
+    /// G3: at most one workload of the run runs at a time.
+    pub const G3_ONE_LIVE: &str = "G3 at most one live attempt";
+    /// Fencing: a sidecar attaches to, and renews, only its own epoch.
+    pub const FENCING_OWN_EPOCH: &str = "fencing: sidecars write only their own epoch";
+    /// Fencing: at most one pod per epoch ever attached.
+    pub const FENCING_ONE_PER_EPOCH: &str = "fencing: at most one pod attached per epoch";
+    /// I2: a terminal status never changes.
+    pub const TERMINAL_IS_FINAL: &str = "terminal status never changes";
+    /// A recorded success is backed by a workload that exited 0.
+    pub const SUCCESS_IS_REAL: &str = "recorded success had a successful workload";
+    /// Example: a run succeeds.
+    pub const EX_SUCCEEDS: &str = "sometimes: run succeeds";
+    /// Example: a held lease is stolen.
+    pub const EX_STEAL: &str = "sometimes: a lease is stolen";
+    /// Example: a lease is stolen while its running holder's clock says it is still valid
+    /// (checked only when the skew allowance is below twice the skew bound, where it is
+    /// possible).
+    pub const EX_EARLY_STEAL: &str = "sometimes: a lease is stolen before its holder's deadline";
+    /// Example: an attempt fails and is retried.
+    pub const EX_RETRY: &str = "sometimes: a retry happens";
+    /// Example: a run fails.
+    pub const EX_FAILS: &str = "sometimes: run fails";
+    /// Example: a pod deleted after its workload succeeded is recorded succeeded.
+    pub const EX_DELETED_SUCCESS: &str = "sometimes: a deleted pod's success is recorded";
+    /// Example: a new epoch's pod is not yet created while an older epoch's workload runs
+    /// (a steal from a frozen sidecar).
+    pub const EX_WAITS: &str = "sometimes: a new epoch waits for a running predecessor";
+    /// Example: a run is cancelled (checked only with [`Bounds::cancel`](crate::Bounds)).
+    pub const EX_CANCELLED: &str = "sometimes: run cancelled";
+    /// Observation: a run recorded failed or cancelled whose workload exited 0 (the
+    /// terminal record disagrees with the work; not a G2 violation).
+    pub const NOTE_TERMINAL_BUT_SUCCEEDED: &str =
+        "note: recorded failed/cancelled although a workload succeeded";
+}
+
+/// The model of one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunModel {
+    /// The rules under test.
+    pub rules: Rules,
+    /// The bounds and parameters.
+    pub bounds: Bounds,
+}
+
+impl RunModel {
+    /// A model with these rules and bounds; `bounds.max_epochs` is capped at [`MAX_EPOCHS`]
+    /// and `bounds.controllers` to 1..=2.
+    pub fn new(rules: Rules, bounds: Bounds) -> RunModel {
+        let mut bounds = bounds;
+        bounds.max_epochs = bounds.max_epochs.min(MAX_EPOCHS as u8);
+        bounds.controllers = bounds.controllers.clamp(1, 2);
+        RunModel { rules, bounds }
+    }
+
+    fn skews(&self) -> impl Iterator<Item = Time> + use<> {
+        let s = self.bounds.skew.max(0);
+        -s..=s
+    }
+
+    fn controller_ids(&self, state: &State) -> impl Iterator<Item = u8> + use<> {
+        // Two controllers with the same skew are indistinguishable: explore one.
+        let distinct = self.bounds.controllers == 2 && state.controller_skew[0] != state.controller_skew[1];
+        0..if distinct { 2u8 } else { 1u8 }
+    }
+
+    fn local(&self, state: &State, controller: u8) -> Time {
+        state.t + state.controller_skew[usize::from(controller.min(1))]
+    }
+
+    /// A successful pod the controller acts on: of any epoch, or (old rules) of the current
+    /// epoch only.
+    fn seen_success(&self, state: &State) -> Option<u8> {
+        let current = state.lease.map(|l| l.epoch)?;
+        state
+            .present_pods()
+            .find(|(e, p)| {
+                p.phase == PodPhase::Succeeded
+                    && (self.rules.success_of_any_epoch_completes || *e == current)
+            })
+            .map(|(e, _)| e)
+    }
+
+    /// With the new rules, a seen success preempts every other step of the run.
+    fn success_preempts(&self, state: &State) -> bool {
+        self.rules.success_of_any_epoch_completes
+            && state.lease.is_some_and(|l| !l.state.status.is_terminal())
+            && self.seen_success(state).is_some()
+    }
+
+    fn acquire(&self, prev: Option<&RunState>) -> RunState {
+        let Some(prev) = prev else {
+            return RunState {
+                status: Status::Pending,
+                attempt: 1,
+                started: false,
+                cancel_requested: false,
+            };
+        };
+        if prev.cancel_requested {
+            return RunState {
+                status: Status::Cancelled,
+                ..*prev
+            };
+        }
+        let attempt = if prev.never_started() {
+            prev.attempt.max(1)
+        } else {
+            prev.attempt.saturating_add(1)
+        };
+        if attempt > self.bounds.max_attempts {
+            return RunState {
+                status: Status::Failed,
+                ..*prev
+            };
+        }
+        RunState {
+            status: Status::Pending,
+            attempt,
+            started: false,
+            cancel_requested: false,
+        }
+    }
+
+    fn may_dispatch(&self, state: &State, controller: u8) -> bool {
+        if !state.claimed || self.success_preempts(state) {
+            return false;
+        }
+        match state.lease {
+            None => true,
+            Some(l) => {
+                !l.state.status.is_terminal()
+                    && l.epoch < self.bounds.max_epochs
+                    && (l.holder.is_none()
+                        || self.local(state, controller) >= l.deadline + self.bounds.allowance)
+            }
+        }
+    }
+
+    fn may_create_pod(&self, state: &State) -> bool {
+        let Some(l) = state.lease else {
+            return false;
+        };
+        l.holder == Some(l.epoch)
+            && l.state.status == Status::Pending
+            && state.slot(l.epoch) == Some(&PodSlot::NotCreated)
+            && !self.success_preempts(state)
+            && (!self.rules.wait_for_quiescent_predecessors
+                || (1..l.epoch).all(|e| state.slot(e).is_some_and(PodSlot::is_quiescent)))
+    }
+
+    fn may_keep_alive(&self, state: &State) -> bool {
+        state.lease.is_some_and(|l| {
+            l.holder == Some(l.epoch) && l.state.never_started() && !self.success_preempts(state)
+        })
+    }
+
+    fn fence_targets(&self, state: &State) -> Vec<u8> {
+        let Some(l) = state.lease else {
+            return Vec::new();
+        };
+        let all = l.state.status == Status::Cancelled;
+        state
+            .present_pods()
+            .filter(|(e, p)| !p.deleting && (all || *e < l.epoch))
+            .map(|(e, _)| e)
+            .collect()
+    }
+
+    fn may_complete(&self, state: &State) -> bool {
+        let Some(l) = state.lease else {
+            return false;
+        };
+        if l.state.status.is_terminal() {
+            return false;
+        }
+        self.seen_success(state).is_some()
+            || (l.holder.is_some()
+                && state
+                    .pod(l.epoch)
+                    .is_some_and(|p| p.phase == PodPhase::Failed))
+    }
+
+    fn may_remove_finalizer(&self, state: &State, epoch: u8) -> bool {
+        let (Some(l), Some(p)) = (state.lease, state.pod(epoch)) else {
+            return false;
+        };
+        p.finalizer
+            && p.is_quiescent()
+            && (l.state.status.is_terminal()
+                || (l.epoch > epoch && p.phase != PodPhase::Succeeded)
+                || (l.epoch == epoch && l.holder.is_none()))
+    }
+
+    /// Whether `action` changes `state`; `actions` lists only these.
+    fn enabled(&self, state: &State, action: Action) -> bool {
+        self.next_state(state, action).is_some()
+    }
+
+    fn step(&self, s: &State, action: Action) -> Option<State> {
+        let mut n = s.clone();
+        match action {
+            Action::Tick => {
+                if s.t >= self.bounds.max_time {
+                    return None;
+                }
+                n.t += 1;
+            }
+            Action::Claim { controller } => {
+                if self.rules.claim_put_if_absent {
+                    if s.claimed {
+                        return None; // the loser reads the winner's decision
+                    }
+                    n.claimed = true;
+                } else {
+                    let bit = 1u8 << controller.min(1);
+                    if s.claim_writers & bit != 0 {
+                        return None;
+                    }
+                    n.claimed = true;
+                    n.claim_writers |= bit;
+                }
+                n.ghost.tick_decisions = n.ghost.tick_decisions.saturating_add(1);
+            }
+            Action::Dispatch { controller } => {
+                if !self.may_dispatch(s, controller) {
+                    return None;
+                }
+                let prev = s.lease;
+                let epoch = prev.map_or(1, |l| l.epoch + 1);
+                n.lease = Some(Lease {
+                    epoch,
+                    holder: Some(epoch),
+                    deadline: self.local(s, controller) + self.bounds.ttl,
+                    state: self.acquire(prev.as_ref().map(|l| &l.state)),
+                });
+                if let Some(l) = prev.filter(|l| l.holder.is_some()) {
+                    n.ghost.stolen = true;
+                    if s
+                        .pod(l.epoch)
+                        .is_some_and(|p| p.phase == PodPhase::Running && s.t + p.skew < l.deadline)
+                    {
+                        n.ghost.stolen_early = true;
+                    }
+                }
+            }
+            Action::Fence => {
+                let targets = self.fence_targets(s);
+                if targets.is_empty() {
+                    return None;
+                }
+                for e in targets {
+                    if let Some(p) = n.pod_mut(e) {
+                        p.deleting = true;
+                    }
+                }
+            }
+            Action::CreatePod => {
+                if !self.may_create_pod(s) {
+                    return None;
+                }
+                let epoch = s.lease.map_or(0, |l| l.epoch);
+                if s.ghost.terminal == Some(Status::Succeeded) {
+                    n.ghost.created_after_recorded_success = true;
+                }
+                *n.slot_mut(epoch)? = PodSlot::Present(Pod {
+                    phase: PodPhase::Pending,
+                    deleting: false,
+                    finalizer: self.rules.pod_finalizer,
+                    skew: 0,
+                });
+            }
+            Action::KeepAlive { controller } => {
+                if !self.may_keep_alive(s) {
+                    return None;
+                }
+                let deadline = self.local(s, controller) + self.bounds.ttl;
+                let l = n.lease.as_mut()?;
+                if l.deadline == deadline {
+                    return None;
+                }
+                l.deadline = deadline;
+            }
+            Action::Complete => {
+                if !self.may_complete(s) {
+                    return None;
+                }
+                let l = n.lease.as_mut()?;
+                if let Some(e) = self.seen_success(s) {
+                    l.state.status = Status::Succeeded;
+                    if s.pod(e).is_some_and(|p| p.deleting) {
+                        n.ghost.success_recorded_from_deleted_pod = true;
+                    }
+                } else if l.state.cancel_requested {
+                    l.state.status = Status::Cancelled;
+                } else if l.state.attempt < self.bounds.max_attempts {
+                    l.state.status = Status::Retrying;
+                } else {
+                    l.state.status = Status::Failed;
+                }
+                l.holder = None;
+            }
+            Action::RemoveFinalizer { epoch } => {
+                if !self.may_remove_finalizer(s, epoch) {
+                    return None;
+                }
+                let slot = n.slot_mut(epoch)?;
+                if let PodSlot::Present(p) = slot {
+                    if p.deleting {
+                        *slot = PodSlot::Gone;
+                    } else {
+                        p.finalizer = false;
+                    }
+                }
+            }
+            Action::RequestCancel => {
+                let l = n.lease.as_mut()?;
+                if !self.bounds.cancel || l.state.status.is_terminal() || l.state.cancel_requested
+                {
+                    return None;
+                }
+                l.state.cancel_requested = true;
+            }
+            Action::ReleaseCancelled => {
+                let l = n.lease.as_mut()?;
+                if !l.state.cancel_requested || l.state.status.is_terminal() {
+                    return None;
+                }
+                l.state.status = Status::Cancelled;
+                l.holder = None;
+            }
+            Action::Schedule { epoch, skew } => {
+                let p = n.pod_mut(epoch)?;
+                if p.phase != PodPhase::Pending || p.deleting {
+                    return None;
+                }
+                p.phase = PodPhase::Scheduled;
+                p.skew = skew;
+            }
+            Action::Attach { epoch } => {
+                let pod = *s.pod(epoch)?;
+                if pod.phase != PodPhase::Scheduled {
+                    return None;
+                }
+                let lease = s.lease?;
+                if sidecar_cas_succeeds(&lease, epoch) {
+                    if lease.epoch != epoch {
+                        n.ghost.foreign_epoch_write = true;
+                    }
+                    if lease.state.started {
+                        n.ghost.second_attach_in_epoch = true;
+                    }
+                    let l = n.lease.as_mut()?;
+                    l.state.status = Status::Running;
+                    l.state.started = true;
+                    l.deadline = s.t + pod.skew + self.bounds.ttl;
+                    n.pod_mut(epoch)?.phase = PodPhase::Running;
+                    if s.ghost.successes > 0 {
+                        n.ghost.started_after_success = true;
+                    }
+                } else {
+                    // The CAS failed: the sidecar exits and the workload never starts.
+                    n.pod_mut(epoch)?.phase = PodPhase::Failed;
+                }
+            }
+            Action::Renew { epoch } => {
+                let pod = *s.pod(epoch)?;
+                if pod.phase != PodPhase::Running {
+                    return None;
+                }
+                let lease = s.lease?;
+                if sidecar_cas_succeeds(&lease, epoch) {
+                    if lease.epoch != epoch {
+                        n.ghost.foreign_epoch_write = true;
+                    }
+                    let deadline = s.t + pod.skew + self.bounds.ttl;
+                    if lease.deadline == deadline {
+                        return None;
+                    }
+                    n.lease.as_mut()?.deadline = deadline;
+                } else {
+                    // The lease is lost: the sidecar kills the workload.
+                    n.pod_mut(epoch)?.phase = PodPhase::Failed;
+                }
+            }
+            Action::WorkloadEnds { epoch, success } => {
+                let p = n.pod_mut(epoch)?;
+                if p.phase != PodPhase::Running {
+                    return None;
+                }
+                if success {
+                    p.phase = PodPhase::Succeeded;
+                    n.ghost.successes = n.ghost.successes.saturating_add(1).min(3);
+                } else {
+                    p.phase = PodPhase::Failed;
+                }
+            }
+            Action::Kill { epoch } => {
+                let p = n.pod_mut(epoch)?;
+                if !p.deleting || !matches!(p.phase, PodPhase::Scheduled | PodPhase::Running) {
+                    return None;
+                }
+                p.phase = PodPhase::Failed;
+            }
+            Action::ExternalDelete { epoch } => {
+                let p = n.pod_mut(epoch)?;
+                if p.deleting {
+                    return None;
+                }
+                p.deleting = true;
+            }
+            Action::Remove { epoch } => {
+                let slot = n.slot_mut(epoch)?;
+                let PodSlot::Present(p) = slot else {
+                    return None;
+                };
+                if !p.deleting || p.finalizer || !p.is_quiescent() {
+                    return None;
+                }
+                *slot = PodSlot::Gone;
+            }
+        }
+        if n.ghost.terminal.is_none() {
+            n.ghost.terminal = n.status().filter(|st| st.is_terminal());
+        }
+        self.normalize(&mut n);
+        Some(n)
+    }
+
+    /// Forgets what no later step can read, so that states that behave alike are one state:
+    /// the skew of a pod whose sidecar ended, the deadline of a released lease, and a deadline
+    /// too far ahead for any clock within the time bound to pass.
+    fn normalize(&self, n: &mut State) {
+        for slot in &mut n.pods {
+            if let PodSlot::Present(p) = slot
+                && matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed)
+            {
+                p.skew = 0;
+            }
+        }
+        let never_expires = self.bounds.max_time + self.bounds.skew.max(0) - self.bounds.allowance + 1;
+        if let Some(l) = n.lease.as_mut() {
+            if l.holder.is_none() {
+                l.deadline = 0;
+            } else {
+                l.deadline = l.deadline.min(never_expires);
+            }
+        }
+    }
+}
+
+/// The sidecar's compare-and-swap condition: the lease is at the pod's epoch and held by the
+/// holder in that epoch's Secret. Expiry is not checked.
+fn sidecar_cas_succeeds(lease: &Lease, pod_epoch: u8) -> bool {
+    lease.epoch == pod_epoch && lease.holder == Some(pod_epoch)
+}
+
+impl Model for RunModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let mut inits = Vec::new();
+        let skews: Vec<Time> = self.skews().collect();
+        for &a in &skews {
+            for &b in &skews {
+                let pair = if self.bounds.controllers == 2 {
+                    if a > b {
+                        continue;
+                    }
+                    [a, b]
+                } else {
+                    if a != b {
+                        continue;
+                    }
+                    [a, a]
+                };
+                inits.push(State {
+                    t: 0,
+                    controller_skew: pair,
+                    claimed: false,
+                    claim_writers: 0,
+                    lease: None,
+                    pods: [PodSlot::NotCreated; MAX_EPOCHS],
+                    ghost: Ghost::default(),
+                });
+            }
+        }
+        inits
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        let mut candidates = vec![Action::Tick];
+        for controller in 0..self.bounds.controllers {
+            candidates.push(Action::Claim { controller });
+        }
+        for controller in self.controller_ids(state) {
+            candidates.push(Action::Dispatch { controller });
+            candidates.push(Action::KeepAlive { controller });
+        }
+        candidates.extend([
+            Action::Fence,
+            Action::CreatePod,
+            Action::Complete,
+            Action::RequestCancel,
+            Action::ReleaseCancelled,
+        ]);
+        for epoch in 1..=self.bounds.max_epochs {
+            if state.pod(epoch).is_none() {
+                continue;
+            }
+            candidates.push(Action::RemoveFinalizer { epoch });
+            for skew in self.skews() {
+                candidates.push(Action::Schedule { epoch, skew });
+            }
+            candidates.extend([
+                Action::Attach { epoch },
+                Action::Renew { epoch },
+                Action::WorkloadEnds {
+                    epoch,
+                    success: true,
+                },
+                Action::WorkloadEnds {
+                    epoch,
+                    success: false,
+                },
+                Action::Kill { epoch },
+                Action::ExternalDelete { epoch },
+                Action::Remove { epoch },
+            ]);
+        }
+        actions.extend(candidates.into_iter().filter(|a| self.enabled(state, *a)));
+    }
+
+    fn next_state(&self, last_state: &State, action: Action) -> Option<State> {
+        self.step(last_state, action)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        let mut properties = vec![
+            Property::<Self>::always(prop::G1_ONE_DECISION, |_, s| s.ghost.tick_decisions <= 1),
+            Property::<Self>::always(prop::G2_NO_START_AFTER_SUCCESS, |_, s| {
+                !s.ghost.started_after_success
+            }),
+            Property::<Self>::always(prop::G2_ONE_SUCCESS, |_, s| s.ghost.successes <= 1),
+            Property::<Self>::always(prop::G2_NO_POD_AFTER_RECORDED, |_, s| {
+                !s.ghost.created_after_recorded_success
+            }),
+            Property::<Self>::always(prop::G3_ONE_LIVE, |_, s| s.running_workloads() <= 1),
+            Property::<Self>::always(prop::FENCING_OWN_EPOCH, |_, s| !s.ghost.foreign_epoch_write),
+            Property::<Self>::always(prop::FENCING_ONE_PER_EPOCH, |_, s| {
+                !s.ghost.second_attach_in_epoch
+            }),
+            Property::<Self>::always(prop::TERMINAL_IS_FINAL, |_, s| {
+                s.ghost.terminal.is_none_or(|t| s.status() == Some(t))
+            }),
+            Property::<Self>::always(prop::SUCCESS_IS_REAL, |_, s| {
+                s.status() != Some(Status::Succeeded) || s.ghost.successes > 0
+            }),
+            Property::<Self>::sometimes(prop::EX_SUCCEEDS, |_, s| {
+                s.status() == Some(Status::Succeeded)
+            }),
+            Property::<Self>::sometimes(prop::EX_STEAL, |_, s| s.ghost.stolen),
+            Property::<Self>::sometimes(prop::EX_RETRY, |_, s| s.status() == Some(Status::Retrying)),
+            Property::<Self>::sometimes(prop::EX_FAILS, |_, s| s.status() == Some(Status::Failed)),
+            Property::<Self>::sometimes(prop::EX_DELETED_SUCCESS, |_, s| {
+                s.ghost.success_recorded_from_deleted_pod
+            }),
+            Property::<Self>::sometimes(prop::EX_WAITS, |_, s| {
+                s.lease.is_some_and(|l| {
+                    l.holder.is_some()
+                        && l.state.status == Status::Pending
+                        && s.slot(l.epoch) == Some(&PodSlot::NotCreated)
+                        && s.present_pods()
+                            .any(|(e, p)| e < l.epoch && p.phase == PodPhase::Running)
+                })
+            }),
+            Property::<Self>::sometimes(prop::NOTE_TERMINAL_BUT_SUCCEEDED, |_, s| {
+                matches!(s.status(), Some(Status::Failed | Status::Cancelled))
+                    && s.ghost.successes > 0
+            }),
+        ];
+        if self.bounds.allowance < 2 * self.bounds.skew {
+            properties.push(Property::<Self>::sometimes(prop::EX_EARLY_STEAL, |_, s| {
+                s.ghost.stolen_early
+            }));
+        }
+        if self.bounds.cancel {
+            properties.push(Property::<Self>::sometimes(prop::EX_CANCELLED, |_, s| {
+                s.status() == Some(Status::Cancelled)
+            }));
+        }
+        properties
+    }
+}
+
+/// The verdict on one property after a check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// The property's name.
+    pub name: &'static str,
+    /// `always` or `sometimes`.
+    pub expectation: Expectation,
+    /// Whether the checker found a state where the property is true (`sometimes`) or false
+    /// (`always`).
+    pub discovered: bool,
+    /// The discovery, as one line per step.
+    pub trace: Option<String>,
+}
+
+impl Verdict {
+    /// Whether the property holds: an `always` without a counterexample, or a `sometimes`
+    /// with an example.
+    pub fn holds(&self) -> bool {
+        self.discovered != self.expectation.discovery_is_failure()
+    }
+}
+
+/// The outcome of a check.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The rules checked.
+    pub rules: Rules,
+    /// The bounds checked.
+    pub bounds: Bounds,
+    /// States generated, repeats included.
+    pub states: usize,
+    /// Distinct states.
+    pub unique_states: usize,
+    /// The longest path explored.
+    pub max_depth: usize,
+    /// Whether every reachable state was visited (false when the check stopped at its first
+    /// counterexample).
+    pub exhaustive: bool,
+    /// Wall time.
+    pub elapsed: Duration,
+    /// One verdict per property, in the model's order.
+    pub verdicts: Vec<Verdict>,
+}
+
+impl Report {
+    /// True when every `always` property holds and every `sometimes` property has an
+    /// example (informational notes excepted).
+    pub fn all_hold(&self) -> bool {
+        self.verdicts
+            .iter()
+            .filter(|v| v.name != prop::NOTE_TERMINAL_BUT_SUCCEEDED)
+            .all(Verdict::holds)
+    }
+
+    /// The verdict on `name`, if it is a property of the model.
+    pub fn verdict(&self, name: &str) -> Option<&Verdict> {
+        self.verdicts.iter().find(|v| v.name == name)
+    }
+
+    /// The counterexample to the `always` property `name`, if one was found.
+    pub fn counterexample(&self, name: &str) -> Option<&str> {
+        self.verdict(name)
+            .filter(|v| v.expectation == Expectation::Always && v.discovered)
+            .and_then(|v| v.trace.as_deref())
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "rules:  {:?}", self.rules)?;
+        writeln!(f, "bounds: {}", self.bounds)?;
+        writeln!(
+            f,
+            "states explored: {} (unique: {}, max depth: {}, {}) in {:.2?}",
+            self.states,
+            self.unique_states,
+            self.max_depth,
+            if self.exhaustive {
+                "exhaustive"
+            } else {
+                "stopped at the first counterexample"
+            },
+            self.elapsed
+        )?;
+        for v in &self.verdicts {
+            let kind = match v.expectation {
+                Expectation::Always => "always",
+                Expectation::Sometimes => "sometimes",
+                Expectation::Eventually => "eventually",
+            };
+            let result = match (&v.expectation, v.discovered) {
+                (Expectation::Sometimes, true) => "example found",
+                (Expectation::Sometimes, false) => "NO EXAMPLE",
+                (_, true) => "COUNTEREXAMPLE",
+                (_, false) if self.exhaustive => "holds",
+                (_, false) => "not refuted (check stopped early)",
+            };
+            writeln!(f, "  [{kind:9}] {:58} {result}", v.name)?;
+        }
+        Ok(())
+    }
+}
+
+/// Formats a discovered path: one line per step, with the true time and the lease after it.
+pub fn format_trace(path: &Path<State, Action>) -> String {
+    let mut out = String::new();
+    let steps = path.clone().into_vec();
+    if let Some((first, _)) = steps.first() {
+        out.push_str(&format!(
+            "init: controller skews {:?}\n",
+            first.controller_skew
+        ));
+    }
+    let mut last_t = 0;
+    for window in steps.windows(2) {
+        let [(_, Some(action)), (after, _)] = window else {
+            continue;
+        };
+        if let Action::Tick = action {
+            last_t = after.t;
+            continue;
+        }
+        let lease = after.lease.map_or("no lease".to_string(), |l| {
+            format!(
+                "lease e{} holder={:?} deadline={} {:?} attempt={}{}",
+                l.epoch,
+                l.holder,
+                l.deadline,
+                l.state.status,
+                l.state.attempt,
+                if l.state.started { " started" } else { "" }
+            )
+        });
+        out.push_str(&format!("t={last_t}: {action:?} -> {lease}\n"));
+    }
+    out
+}
+
+/// Checks `model` exhaustively (breadth first, `threads` threads) and reports every property.
+pub fn check(model: &RunModel, threads: usize) -> Report {
+    run(model, threads, HasDiscoveries::All)
+}
+
+/// Checks `model` until the first counterexample to any `always` property (or
+/// exhaustively, if there is none): the shortest counterexample with one thread.
+pub fn refute(model: &RunModel, threads: usize) -> Report {
+    run(model, threads, HasDiscoveries::AnyFailures)
+}
+
+/// Checks `model` until a counterexample to the named properties is found (or
+/// exhaustively, if there is none).
+pub fn refute_any_of(model: &RunModel, threads: usize, names: &[&'static str]) -> Report {
+    let set: BTreeSet<&'static str> = names.iter().copied().collect();
+    run(model, threads, HasDiscoveries::AnyOf(set))
+}
+
+fn run(model: &RunModel, threads: usize, finish_when: HasDiscoveries) -> Report {
+    let started = Instant::now();
+    let properties = model.properties();
+    let checker = model
+        .checker()
+        .threads(threads.max(1))
+        .finish_when(finish_when.clone())
+        .spawn_bfs()
+        .join();
+    let elapsed = started.elapsed();
+    let discoveries = checker.discoveries();
+    let found: BTreeSet<&'static str> = discoveries.keys().copied().collect();
+    // The checker stops early only once its finish condition matches.
+    let exhaustive = !finish_when.matches(&found, &properties);
+    let verdicts = properties
+        .iter()
+        .map(|p| {
+            let path = discoveries.get(p.name);
+            Verdict {
+                name: p.name,
+                expectation: p.expectation.clone(),
+                discovered: path.is_some(),
+                trace: path.map(format_trace),
+            }
+        })
+        .collect();
+    Report {
+        rules: model.rules,
+        bounds: model.bounds,
+        states: checker.state_count(),
+        unique_states: checker.unique_state_count(),
+        max_depth: checker.max_depth(),
+        exhaustive,
+        elapsed,
+        verdicts,
+    }
+}

@@ -1,0 +1,147 @@
+//! Runs the model check of cojob's run protocol, by default with larger bounds than CI's.
+//!
+//! ```text
+//! cargo run -p cojob-model --release -- [--preset release|ci|tiny] [--time N] [--ttl N]
+//!     [--allowance N] [--skew N] [--attempts N] [--epochs N] [--controllers 1|2]
+//!     [--cancel | --no-cancel] [--threads N]
+//!     [--rules new|old|create-on-steal|no-finalizer|current-epoch-only|blind-claim]
+//!     [--first-counterexample] [--traces]
+//! ```
+//!
+//! It prints the rules, the bounds, the states explored (with repeats and unique), the
+//! verdict on every property and the trace of every counterexample; it exits 1 if a
+//! property fails.
+
+use std::process::ExitCode;
+
+use cojob_model::{Bounds, Report, RunModel, Rules, check, refute};
+
+const USAGE: &str = "usage: cojob-model [--preset release|ci|tiny] [--time N] [--ttl N] \
+[--allowance N] [--skew N] [--attempts N] [--epochs N] [--controllers 1|2] [--cancel|--no-cancel] \
+[--threads N] [--rules new|old|create-on-steal|no-finalizer|current-epoch-only|blind-claim] \
+[--first-counterexample] [--traces]";
+
+struct Options {
+    bounds: Bounds,
+    rules: Rules,
+    threads: usize,
+    first_counterexample: bool,
+    traces: bool,
+}
+
+fn rules_named(name: &str) -> Result<Rules, String> {
+    let new = Rules::NEW;
+    Ok(match name {
+        "new" => new,
+        "old" => Rules::OLD,
+        "create-on-steal" => Rules {
+            wait_for_quiescent_predecessors: false,
+            ..new
+        },
+        "no-finalizer" => Rules {
+            pod_finalizer: false,
+            ..new
+        },
+        "current-epoch-only" => Rules {
+            success_of_any_epoch_completes: false,
+            ..new
+        },
+        "blind-claim" => Rules {
+            claim_put_if_absent: false,
+            ..new
+        },
+        other => return Err(format!("unknown rules '{other}'")),
+    })
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut options = Options {
+        bounds: Bounds::release(),
+        rules: Rules::NEW,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        first_counterexample: false,
+        traces: false,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value"))
+                .cloned()
+        };
+        let number = |v: String| -> Result<i64, String> {
+            v.parse::<i64>()
+                .map_err(|e| format!("{flag}: '{v}' is not a number ({e})"))
+        };
+        let b = &mut options.bounds;
+        match flag.as_str() {
+            "--preset" => {
+                options.bounds = match value()?.as_str() {
+                    "release" => Bounds::release(),
+                    "ci" => Bounds::ci(),
+                    "tiny" => Bounds::tiny(),
+                    other => return Err(format!("unknown preset '{other}'")),
+                }
+            }
+            "--time" => b.max_time = small(number(value()?)?)?,
+            "--ttl" => b.ttl = small(number(value()?)?)?,
+            "--allowance" => b.allowance = small(number(value()?)?)?,
+            "--skew" => b.skew = small(number(value()?)?)?,
+            "--attempts" => b.max_attempts = tiny(number(value()?)?)?,
+            "--epochs" => b.max_epochs = tiny(number(value()?)?)?,
+            "--controllers" => b.controllers = tiny(number(value()?)?)?,
+            "--cancel" => b.cancel = true,
+            "--no-cancel" => b.cancel = false,
+            "--threads" => options.threads = usize::try_from(number(value()?)?).unwrap_or(1),
+            "--rules" => options.rules = rules_named(&value()?)?,
+            "--first-counterexample" => options.first_counterexample = true,
+            "--traces" => options.traces = true,
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
+        }
+    }
+    Ok(options)
+}
+
+fn small(n: i64) -> Result<i16, String> {
+    i16::try_from(n).map_err(|e| format!("{n}: {e}"))
+}
+
+fn tiny(n: i64) -> Result<u8, String> {
+    u8::try_from(n).map_err(|e| format!("{n}: {e}"))
+}
+
+fn print_traces(report: &Report, all: bool) {
+    for v in &report.verdicts {
+        let Some(trace) = &v.trace else { continue };
+        if all || !v.holds() {
+            println!("\n{} ({}):", v.name, if v.holds() { "example" } else { "counterexample" });
+            print!("{trace}");
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match parse(&args) {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let model = RunModel::new(options.rules, options.bounds);
+    println!("threads: {}", options.threads);
+    let report = if options.first_counterexample {
+        refute(&model, options.threads)
+    } else {
+        check(&model, options.threads)
+    };
+    print!("{report}");
+    print_traces(&report, options.traces);
+    if report.all_hold() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
