@@ -90,6 +90,11 @@ pub struct JobIndex {
     /// The newest tick decided, formatted; ticks up to it are never planned again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
+    /// The schedule and time zone the cursor was planned with (`"<expr> <zone>"`). When the
+    /// spec's differ, the schedule was edited: the cursor moves to the time of the edit, so
+    /// the new expression never fires for ticks before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
     /// For a job without a schedule: whether its one decision was made.
     #[serde(default)]
     pub once_decided: bool,
@@ -156,6 +161,28 @@ impl JobIndex {
                 Decision::Missed(_) => self.counters.missed += 1,
             }
         }
+    }
+
+    /// Records the schedule the cursor follows. A different one than recorded is an edit: the
+    /// cursor moves to `now` (never back), so only ticks after the edit are planned with it.
+    /// Returns true when the schedule was edited.
+    ///
+    /// ```
+    /// use cojob_controller::index::JobIndex;
+    /// let now = "2026-08-09T02:00:00Z".parse().unwrap();
+    /// let mut i = JobIndex::default();
+    /// assert!(!i.record_schedule("0 * * * * UTC", now), "the first one is not an edit");
+    /// assert!(i.cursor.is_none());
+    /// assert!(i.record_schedule("*/5 * * * * UTC", now));
+    /// assert_eq!(i.cursor_time(), Some(now));
+    /// ```
+    pub fn record_schedule(&mut self, fingerprint: &str, now: DateTime<Utc>) -> bool {
+        let edited = self.schedule.as_deref().is_some_and(|s| s != fingerprint);
+        if edited && self.cursor_time().is_none_or(|c| c < now) {
+            self.cursor = Some(cojob::json::format_time(now));
+        }
+        self.schedule = Some(fingerprint.to_string());
+        edited
     }
 
     /// Records that the cursor jumped over ticks that were never looked at (a long outage):

@@ -78,6 +78,17 @@ impl Error {
     }
 }
 
+/// The schedule and time zone as the index records them; `None` without a schedule.
+fn schedule_fingerprint(spec: &CoordinatedJobSpec) -> Option<String> {
+    let expr = spec.schedule.as_deref()?;
+    let words: Vec<&str> = expr.split_whitespace().collect();
+    Some(format!(
+        "{} {}",
+        words.join(" "),
+        spec.time_zone.as_deref().unwrap_or("UTC")
+    ))
+}
+
 /// Parses the spec's schedule; `None` for a job without one.
 pub fn parse_schedule(spec: &CoordinatedJobSpec) -> Result<Option<Schedule>, ScheduleError> {
     spec.schedule
@@ -266,8 +277,21 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
         .await?;
     }
 
-    // Decide the due ticks.
+    // Follow the schedule the spec has now: an edit applies from when it is seen.
     let now = db.clock().now();
+    if let (Some(fingerprint), Some(expr)) = (schedule_fingerprint(spec), &spec.schedule) {
+        let mut edited = false;
+        known = update_index(&doc, known, |i| edited = i.record_schedule(&fingerprint, now)).await?;
+        if edited {
+            scope
+                .normal(
+                    "ScheduleChanged",
+                    format!("schedule is now {expr:?}; it applies to ticks after {}", cojob::json::format_time(now)),
+                )
+                .await;
+        }
+    }
+    // Decide the due ticks.
     let (decisions, next, missed_before) =
         decide_ticks(scope, schedule, &index_of(&known), now).await?;
     if !decisions.is_empty() || missed_before.is_some() {
@@ -435,7 +459,15 @@ async fn decide_ticks(
         .as_ref()
         .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()))
         .unwrap_or(now);
-    let since = index.cursor_time().unwrap_or(created);
+    // The status mirrors the cursor, so an index lost to a bucket lifecycle rule (or a
+    // restore) never makes old ticks due again.
+    let mirrored = scope
+        .job
+        .status
+        .as_ref()
+        .and_then(|s| s.last_schedule_time.as_ref())
+        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()));
+    let since = index.cursor_time().max(mirrored).unwrap_or(created);
     let catch_up = match spec.catch_up {
         CatchUpPolicy::Latest => CatchUp::Latest,
         CatchUpPolicy::All => CatchUp::All,
@@ -456,6 +488,9 @@ async fn decide_ticks(
         proposals.push((*t, Decision::RunId(run_id(&scope.name, Some(*t)))));
     }
     proposals.sort_by_key(|(t, _)| *t);
+    if !proposals.is_empty() && !still_current(scope).await? {
+        return Ok((Vec::new(), plan.next, None));
+    }
     let mut out = Vec::with_capacity(proposals.len());
     for (t, proposal) in proposals {
         let proposal = match proposal {
@@ -470,6 +505,23 @@ async fn decide_ticks(
         out.push((Some(t), decision));
     }
     Ok((out, plan.next, plan.missed_before))
+}
+
+/// A quorum read of the object before anything is claimed for it: the informer's copy may lag,
+/// and a replica must not decide ticks for an object that was deleted, recreated (another
+/// UID), suspended or edited since. `false`: skip this pass; the watch brings the news.
+async fn still_current(scope: &JobScope<'_>) -> Result<bool, Error> {
+    let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
+    let fresh = api.get_opt(&scope.name).await?;
+    let current = fresh.as_ref().is_some_and(|f| {
+        f.uid().as_deref() == Some(scope.uid.as_str())
+            && f.metadata.deletion_timestamp.is_none()
+            && f.metadata.generation == scope.job.metadata.generation
+    });
+    if !current {
+        tracing::info!(job = %scope.name, "the cached object is stale; deciding nothing this pass");
+    }
+    Ok(current)
 }
 
 /// Claims one tick's decision; returns the winner's, announcing it when it is ours.
@@ -547,7 +599,9 @@ fn build_status(scope: &JobScope<'_>, synced: &Synced) -> CoordinatedJobStatus {
     let job = scope.job;
     let mut status = job.status.clone().unwrap_or_default();
     let index = &synced.index;
-    status.last_schedule_time = index.cursor_time().and_then(to_time);
+    // Never moves back: the status keeps the cursor if the index was lost.
+    let previous = status.last_schedule_time.clone();
+    status.last_schedule_time = index.cursor_time().and_then(to_time).max(previous);
     status.next_schedule_time = synced.next.and_then(to_time);
     status.active = synced.active.clone();
     status.recent = index
@@ -591,9 +645,12 @@ async fn patch_status(scope: &JobScope<'_>, status: CoordinatedJobStatus) -> Res
         return Ok(());
     }
     let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
+    // The UID makes the patch fail on an object deleted and created again under the same
+    // name since this (possibly cached) copy was read.
     let body = json!({
         "apiVersion": CoordinatedJob::api_version(&()),
         "kind": CoordinatedJob::kind(&()),
+        "metadata": {"uid": scope.uid},
         "status": status,
     });
     api.patch_status(
@@ -664,6 +721,7 @@ pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
     // Every run is over: the pods' outcomes are recorded, so their result finalizers go once
     // nothing of them runs. The object waits for pods still stopping, so no pod outlives it
     // with a finalizer nobody would remove.
+    let pods = list_pods(scope).await?; // as they are after the cancels
     let mut stopping = Vec::new();
     for pod in pods.values().flat_map(|p| p.values()) {
         if !sweeper::pods::has_result_finalizer(pod) {

@@ -467,10 +467,12 @@ pub fn decide(lease: Option<&LeaseInfo>, seen: &Observed, timing: &Timing) -> Re
     }
     match &seen.current {
         PodView::Ended(outcome) => Ok(Step::Complete(outcome.clone())),
-        _ if timing.lease_expired(lease) => Ok(Step::Steal),
+        // Before expiry: a pod that never started in time fails its attempt, even if no
+        // controller kept its lease alive meanwhile.
         PodView::Live if state.never_started() && timing.start_overdue(&state) => {
             Ok(Step::StartTimedOut)
         }
+        _ if timing.lease_expired(lease) => Ok(Step::Steal),
         PodView::Live => Ok(Step::Wait),
         // Only an attempt whose pod never started may have its pod created again, and only
         // once nothing of an older attempt can still run.

@@ -13,6 +13,20 @@ fn state(l: &cojob::LeaseInfo) -> cojob_controller::run::RunState {
     cojob_controller::run::RunState::parse(&l.state).expect("a run state")
 }
 
+/// True once the pod lost its result finalizer (a pod placed on a node stays until its
+/// kubelet confirms; none runs here).
+async fn released(h: &Harness, pod: &str) -> bool {
+    match h.pods().get_opt(pod).await.unwrap() {
+        None => true,
+        Some(p) => !p
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == cojob_controller::pod::RESULT_FINALIZER),
+    }
+}
+
 /// Waits (in real time) until the pod object is gone.
 async fn gone(h: &Harness, pod: &str) -> bool {
     for _ in 0..50 {
@@ -104,7 +118,7 @@ async fn a_stolen_attempt_waits_until_the_old_pod_has_stopped() {
     h.finish_pod("frozen-once-1", 137).await;
     h.settle("frozen", 2).await;
     assert!(h.pod_exists("frozen-once-2").await, "the next attempt");
-    assert!(gone(&h, "frozen-once-1").await, "its finalizer released");
+    assert!(released(&h, "frozen-once-1").await, "its finalizer released");
     let st = state(&h.lease("frozen", "frozen-once").await.unwrap());
     assert_eq!((st.status.as_str(), st.attempt), ("pending", 2));
     h.cleanup().await;
@@ -129,7 +143,7 @@ async fn a_success_of_a_taken_over_attempt_ends_the_run() {
     assert!(lease.is_released());
     assert_eq!(state(&lease).status.as_str(), "succeeded");
     assert!(!h.pod_exists("late-once-2").await, "never started");
-    assert!(gone(&h, "late-once-1").await);
+    assert!(released(&h, "late-once-1").await);
     h.cleanup().await;
 }
 
@@ -215,6 +229,92 @@ async fn a_pod_deleted_mid_run_is_retried_once_stopped() {
     let lease = h.lease("mid", "mid-once").await.unwrap();
     assert_eq!((lease.epoch, state(&lease).attempt), (2, 2));
     assert!(h.pod_exists("mid-once-2").await);
-    assert!(gone(&h, "mid-once-1").await);
+    assert!(released(&h, "mid-once-1").await);
+    h.cleanup().await;
+}
+
+/// An edited schedule applies from the edit: the new expression never fires for ticks that
+/// fell between the old cursor and the edit (kubernetes#63371 asks the same of CronJob).
+#[tokio::test]
+async fn an_edited_schedule_starts_from_the_edit() {
+    let h = Harness::new("it-edit").await;
+    h.create_job("edit", json!({"schedule": "0 0 1 1 *"})).await;
+    h.settle("edit", 1).await;
+    h.advance(Duration::from_secs(20 * 60));
+    let patch = json!({"spec": {"schedule": "*/5 * * * *"}});
+    h.jobs()
+        .patch(
+            "edit",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    h.settle("edit", 2).await;
+    assert!(
+        h.decisions("edit").await.is_empty(),
+        "no tick of the new schedule before the edit runs"
+    );
+    let reasons = h.event_reasons("edit").await;
+    assert!(reasons.iter().any(|r| r == "ScheduleChanged"), "{reasons:?}");
+    h.advance(Duration::from_secs(5 * 60 + 1));
+    h.settle("edit", 1).await;
+    assert_eq!(h.decisions("edit").await.len(), 1, "the first tick after the edit");
+    h.cleanup().await;
+}
+
+/// The bucket lost the job's index and tick claims (a lifecycle rule expired them): the
+/// status still holds the cursor, so old ticks are not decided, nor run, again.
+#[tokio::test]
+async fn losing_the_index_does_not_rerun_old_ticks() {
+    let h = Harness::new("it-lost-index").await;
+    h.create_job(
+        "minutely",
+        json!({"schedule": "* * * * *", "catchUp": "All", "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("minutely", 1).await;
+    h.advance(Duration::from_secs(61));
+    h.settle("minutely", 1).await;
+    let ran = h.decisions("minutely").await;
+    assert_eq!(ran.len(), 1, "{ran:?}");
+    let pod = h.live_pod_names("minutely").await.remove(0);
+    h.finish_pod(&pod, 0).await;
+    h.settle("minutely", 2).await;
+    // Everything of the job in the bucket expires, and its pods are collected.
+    let base = h.keys("minutely").await.base().to_string();
+    for key in h.db.store().list(&base).await.unwrap() {
+        h.db.store().delete(&key).await.unwrap();
+    }
+    h.delete_pod_now(&pod).await;
+    h.settle("minutely", 2).await;
+    assert!(h.decisions("minutely").await.is_empty(), "no tick decided again");
+    assert!(h.job_pods("minutely").await.is_empty(), "nothing ran again");
+    h.cleanup().await;
+}
+
+/// A replica whose cache still holds a deleted object (same name, another UID now) decides
+/// nothing for it: the object is read from the API server before any tick is claimed.
+#[tokio::test]
+async fn a_stale_cached_object_decides_nothing() {
+    let h = Harness::new("it-stale").await;
+    h.create_job("stale", json!({"schedule": "* * * * *"})).await;
+    h.settle("stale", 1).await;
+    let old = h.job("stale").await;
+    h.jobs().delete("stale", &Default::default()).await.unwrap();
+    h.settle("stale", 2).await;
+    h.create_job("stale", json!({"schedule": "0 0 1 1 *"})).await;
+    h.advance(Duration::from_secs(61));
+    let cx = h.context(&support::Budget::unlimited());
+    let _ = cojob_controller::reconcile::reconcile(std::sync::Arc::new(old.clone()), cx).await;
+    let keys = cojob_controller::layout::JobKeys::new(&h.ns, "stale", &old.metadata.uid.clone().unwrap());
+    let ticks = h
+        .db
+        .store()
+        .list(&format!("{}/ticks", keys.base()))
+        .await
+        .unwrap();
+    assert!(ticks.is_empty(), "claimed for a deleted object: {ticks:?}");
+    assert!(h.job_pods("stale").await.is_empty());
     h.cleanup().await;
 }

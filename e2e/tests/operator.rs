@@ -11,9 +11,14 @@
 //! c. a one-shot job succeeds: its lease is released with `succeeded` and exit code 0;
 //! d. a running pod is deleted: the sweeper steals the expired lease (epoch 2) and respawns;
 //! e. a failing pod is retried up to `maxAttempts`, then the run is `failed`;
+//! h. a frozen sidecar next to a workload that ignores SIGTERM: no two attempts overlap (G3),
+//!    checked on an effect ledger (`operator/faults.rs`);
+//! f. a pod deleted after its workload succeeded, while no controller runs: recorded, never run
+//!    again (G2), on the ledger;
 //! g. `helm uninstall` (its pre-delete hook drains every CoordinatedJob) leaves nothing behind.
 //!
-//! b–e run concurrently, each in its own namespace; g runs last. (Invalid specs rejected at
+//! b–e and h run concurrently, each in its own namespace; f scales the controller down, so it
+//! runs after them; g runs last. (Invalid specs rejected at
 //! apply time are covered by `crd.rs`.) A failing step reports the pods, events, bucket state
 //! and controller logs it saw; the controller's whole log is copied under `target/tmp/`.
 //!
@@ -42,6 +47,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[path = "operator/faults.rs"]
+mod faults;
 
 /// The release; its name contains "cojob", so every object of the chart is named `cojob-e2e`.
 const RELEASE: &str = "cojob-e2e";
@@ -1298,7 +1306,7 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
     );
 
     // b–e, concurrently, each in its own namespace.
-    let scenarios: [(&str, &str, Scenario); 4] = [
+    let scenarios: [(&str, &str, Scenario); 5] = [
         ("b. a 10-second schedule for 60 s", "op-sched", |c, n| {
             Box::pin(every_ten_seconds(c, n))
         }),
@@ -1311,10 +1319,36 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
         ("e. failing pod retried", "op-fail", |c, n| {
             Box::pin(failing_pod_retried(c, n))
         }),
+        ("h. frozen sidecar, workload ignoring SIGTERM", "op-frozen", |c, n| {
+            Box::pin(faults::frozen_sidecar(c, n))
+        }),
     ];
+    let later: [(&str, &str, Scenario); 1] = [(
+        "f. deleted after success while no controller runs",
+        "op-deleted-ok",
+        |c, n| Box::pin(faults::deleted_after_success(c, n)),
+    )];
     let mut namespaces = Vec::new();
+    let mut failures = Vec::new();
+    for batch in [&scenarios[..], &later[..]] {
+        run_batch(&ctx, batch, &mut namespaces, &mut failures).await;
+    }
+    if !failures.is_empty() {
+        failures.push(format!("controller logs:\n{}", controller_logs(&ctx).await));
+    }
+    finish(ctx, &run, started, namespaces, failures).await;
+}
+
+/// Runs scenarios concurrently, each in a namespace of its own, and collects their failures.
+async fn run_batch(
+    ctx: &Arc<Ctx>,
+    scenarios: &[(&str, &str, Scenario)],
+    namespaces: &mut Vec<TestNamespace>,
+    failures: &mut Vec<String>,
+) {
+    let client = ctx.client.clone();
     let mut handles = Vec::new();
-    for (title, prefix, scenario) in scenarios {
+    for (title, prefix, scenario) in scenarios.iter().copied() {
         let ns = TestNamespace::create(&client, prefix).await;
         Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
             .patch(
@@ -1328,7 +1362,6 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
         handles.push((title, ns.name.clone(), handle));
         namespaces.push(ns);
     }
-    let mut failures = Vec::new();
     for (title, ns, handle) in handles {
         let result = match handle.await {
             Ok(r) => r,
@@ -1338,15 +1371,22 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
             println!("{title}: FAILED: {e:#}");
             failures.push(format!(
                 "{title} (namespace {ns}): {e:#}\n{}",
-                diagnose(&ctx, &ns).await
+                diagnose(ctx, &ns).await
             ));
         }
     }
-    if !failures.is_empty() {
-        failures.push(format!("controller logs:\n{}", controller_logs(&ctx).await));
-    }
+}
 
-    println!("{}", save_controller_logs(&run));
+/// g (the uninstall), the cleanup and the verdict.
+async fn finish(
+    ctx: Arc<Ctx>,
+    run: &str,
+    started: tokio::time::Instant,
+    namespaces: Vec<TestNamespace>,
+    mut failures: Vec<String>,
+) {
+    let client = ctx.client.clone();
+    println!("{}", save_controller_logs(run));
     // g. last.
     if let Err(e) = uninstall_and_check(&ctx).await {
         let mut diag = describe_namespace(&client, RELEASE_NS).await;

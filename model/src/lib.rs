@@ -33,7 +33,10 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use stateright::{Checker, Expectation, HasDiscoveries, Model, Path, Property};
+use stateright::{Checker, Expectation, HasDiscoveries, Model, Property};
+
+/// The model checker, re-exported for its [`Model`] trait and [`Property`] type.
+pub use stateright;
 
 /// The most epochs (acquisitions) a model can reach; [`Bounds::max_epochs`] may not exceed it.
 pub const MAX_EPOCHS: usize = 8;
@@ -82,6 +85,56 @@ impl Rules {
     };
 }
 
+impl Rules {
+    /// The names [`Rules::named`] knows, each with a one-line description.
+    pub const NAMES: [(&'static str, &'static str); 6] = [
+        ("new", "the design being implemented (every rule on)"),
+        (
+            "old",
+            "create on steal, no pod finalizer, current epoch only",
+        ),
+        (
+            "create-on-steal",
+            "new, but the pod is created without waiting for older pods",
+        ),
+        ("no-finalizer", "new, but pods carry no result finalizer"),
+        (
+            "current-epoch-only",
+            "new, but only the current epoch's pod completes the run",
+        ),
+        (
+            "blind-claim",
+            "new, but the tick is claimed with a blind put",
+        ),
+    ];
+
+    /// The rules of that name (see [`Rules::NAMES`]).
+    pub fn named(name: &str) -> Option<Rules> {
+        let new = Rules::NEW;
+        Some(match name {
+            "new" => new,
+            "old" => Rules::OLD,
+            "create-on-steal" => Rules {
+                wait_for_quiescent_predecessors: false,
+                ..new
+            },
+            "no-finalizer" => Rules {
+                pod_finalizer: false,
+                ..new
+            },
+            "current-epoch-only" => Rules {
+                success_of_any_epoch_completes: false,
+                ..new
+            },
+            "blind-claim" => Rules {
+                claim_put_if_absent: false,
+                ..new
+            },
+            _ => return None,
+        })
+    }
+}
+
 impl Default for Rules {
     fn default() -> Self {
         Rules::NEW
@@ -111,7 +164,7 @@ pub struct Bounds {
 
 impl Bounds {
     /// The bounds of the CI test: 2 controllers, ttl 2, allowance 1, skew in `[-1, 1]`,
-    /// 2 attempts, time 0..=5, 3 epochs, no cancel.
+    /// 2 attempts, time 0..=6, 3 epochs, with the cancel path.
     pub const fn ci() -> Bounds {
         Bounds {
             controllers: 2,
@@ -119,9 +172,9 @@ impl Bounds {
             allowance: 1,
             skew: 1,
             max_attempts: 2,
-            max_time: 5,
+            max_time: 6,
             max_epochs: 3,
-            cancel: false,
+            cancel: true,
         }
     }
 
@@ -535,7 +588,8 @@ impl RunModel {
 
     fn controller_ids(&self, state: &State) -> impl Iterator<Item = u8> + use<> {
         // Two controllers with the same skew are indistinguishable: explore one.
-        let distinct = self.bounds.controllers == 2 && state.controller_skew[0] != state.controller_skew[1];
+        let distinct =
+            self.bounds.controllers == 2 && state.controller_skew[0] != state.controller_skew[1];
         0..if distinct { 2u8 } else { 1u8 }
     }
 
@@ -711,8 +765,7 @@ impl RunModel {
                 });
                 if let Some(l) = prev.filter(|l| l.holder.is_some()) {
                     n.ghost.stolen = true;
-                    if s
-                        .pod(l.epoch)
+                    if s.pod(l.epoch)
                         .is_some_and(|p| p.phase == PodPhase::Running && s.t + p.skew < l.deadline)
                     {
                         n.ghost.stolen_early = true;
@@ -790,8 +843,7 @@ impl RunModel {
             }
             Action::RequestCancel => {
                 let l = n.lease.as_mut()?;
-                if !self.bounds.cancel || l.state.status.is_terminal() || l.state.cancel_requested
-                {
+                if !self.bounds.cancel || l.state.status.is_terminal() || l.state.cancel_requested {
                     return None;
                 }
                 l.state.cancel_requested = true;
@@ -913,7 +965,8 @@ impl RunModel {
                 p.skew = 0;
             }
         }
-        let never_expires = self.bounds.max_time + self.bounds.skew.max(0) - self.bounds.allowance + 1;
+        let never_expires =
+            self.bounds.max_time + self.bounds.skew.max(0) - self.bounds.allowance + 1;
         if let Some(l) = n.lease.as_mut() {
             if l.holder.is_none() {
                 l.deadline = 0;
@@ -1036,7 +1089,9 @@ impl Model for RunModel {
                 s.status() == Some(Status::Succeeded)
             }),
             Property::<Self>::sometimes(prop::EX_STEAL, |_, s| s.ghost.stolen),
-            Property::<Self>::sometimes(prop::EX_RETRY, |_, s| s.status() == Some(Status::Retrying)),
+            Property::<Self>::sometimes(prop::EX_RETRY, |_, s| {
+                s.status() == Some(Status::Retrying)
+            }),
             Property::<Self>::sometimes(prop::EX_FAILS, |_, s| s.status() == Some(Status::Failed)),
             Property::<Self>::sometimes(prop::EX_DELETED_SUCCESS, |_, s| {
                 s.ghost.success_recorded_from_deleted_pod
@@ -1079,8 +1134,8 @@ pub struct Verdict {
     /// Whether the checker found a state where the property is true (`sometimes`) or false
     /// (`always`).
     pub discovered: bool,
-    /// The discovery, as one line per step.
-    pub trace: Option<String>,
+    /// The discovery, shortened by [`shorten`].
+    pub trace: Option<Trace>,
 }
 
 impl Verdict {
@@ -1129,10 +1184,10 @@ impl Report {
     }
 
     /// The counterexample to the `always` property `name`, if one was found.
-    pub fn counterexample(&self, name: &str) -> Option<&str> {
+    pub fn counterexample(&self, name: &str) -> Option<&Trace> {
         self.verdict(name)
-            .filter(|v| v.expectation == Expectation::Always && v.discovered)
-            .and_then(|v| v.trace.as_deref())
+            .filter(|v| v.expectation == Expectation::Always)
+            .and_then(|v| v.trace.as_ref())
     }
 }
 
@@ -1161,7 +1216,8 @@ impl fmt::Display for Report {
             };
             let result = match (&v.expectation, v.discovered) {
                 (Expectation::Sometimes, true) => "example found",
-                (Expectation::Sometimes, false) => "NO EXAMPLE",
+                (Expectation::Sometimes, false) if self.exhaustive => "NO EXAMPLE",
+                (Expectation::Sometimes, false) => "not reached (check stopped early)",
                 (_, true) => "COUNTEREXAMPLE",
                 (_, false) if self.exhaustive => "holds",
                 (_, false) => "not refuted (check stopped early)",
@@ -1172,39 +1228,140 @@ impl fmt::Display for Report {
     }
 }
 
-/// Formats a discovered path: one line per step, with the true time and the lease after it.
-pub fn format_trace(path: &Path<State, Action>) -> String {
-    let mut out = String::new();
-    let steps = path.clone().into_vec();
-    if let Some((first, _)) = steps.first() {
-        out.push_str(&format!(
-            "init: controller skews {:?}\n",
-            first.controller_skew
-        ));
-    }
-    let mut last_t = 0;
-    for window in steps.windows(2) {
-        let [(_, Some(action)), (after, _)] = window else {
-            continue;
-        };
-        if let Action::Tick = action {
-            last_t = after.t;
-            continue;
+/// A discovered behaviour: an initial state and the actions taken from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trace {
+    /// The initial state.
+    pub init: State,
+    /// The actions, in order.
+    pub actions: Vec<Action>,
+}
+
+impl Trace {
+    /// The states the trace goes through, the initial one first; `None` if some action is
+    /// not enabled where it is taken.
+    pub fn states(&self, model: &RunModel) -> Option<Vec<State>> {
+        let mut states = vec![self.init.clone()];
+        for action in &self.actions {
+            let next = model.next_state(states.last()?, *action)?;
+            states.push(next);
         }
-        let lease = after.lease.map_or("no lease".to_string(), |l| {
-            format!(
-                "lease e{} holder={:?} deadline={} {:?} attempt={}{}",
-                l.epoch,
-                l.holder,
-                l.deadline,
-                l.state.status,
-                l.state.attempt,
-                if l.state.started { " started" } else { "" }
-            )
-        });
-        out.push_str(&format!("t={last_t}: {action:?} -> {lease}\n"));
+        Some(states)
     }
-    out
+
+    /// One line per step (ticks folded into the time), with the lease and the pods after it.
+    pub fn render(&self, model: &RunModel) -> String {
+        let Some(states) = self.states(model) else {
+            return format!("(not a behaviour of the model) {:?}\n", self.actions);
+        };
+        let mut out = format!("init: controller skews {:?}\n", self.init.controller_skew);
+        for (action, after) in self.actions.iter().zip(states.iter().skip(1)) {
+            if let Action::Tick = action {
+                continue;
+            }
+            out.push_str(&format!(
+                "  t={}: {action:?} => {}\n",
+                after.t,
+                summary(after)
+            ));
+        }
+        out
+    }
+}
+
+/// A one-line summary of a state's lease and pods.
+pub fn summary(s: &State) -> String {
+    let lease = s.lease.map_or("no lease".to_string(), |l| {
+        format!(
+            "lease e{} {} dl={} {:?}#{}{}{}",
+            l.epoch,
+            l.holder
+                .map_or("released".to_string(), |h| format!("held({h})")),
+            l.deadline,
+            l.state.status,
+            l.state.attempt,
+            if l.state.started { " started" } else { "" },
+            if l.state.cancel_requested {
+                " cancel-requested"
+            } else {
+                ""
+            }
+        )
+    });
+    let mut pods = Vec::new();
+    for e in 1..=MAX_EPOCHS as u8 {
+        match s.slot(e) {
+            Some(PodSlot::Present(p)) => pods.push(format!(
+                "p{e}:{:?}{}{}",
+                p.phase,
+                if p.deleting { "+deleting" } else { "" },
+                if p.finalizer { "" } else { "+nofinalizer" }
+            )),
+            Some(PodSlot::Gone) => pods.push(format!("p{e}:gone")),
+            _ => {}
+        }
+    }
+    if pods.is_empty() {
+        lease
+    } else {
+        format!("{lease} | {}", pods.join(" "))
+    }
+}
+
+/// Shortens a discovery of `property` to a 1-minimal one: no single action can be left out
+/// (and no other initial state used) without losing the discovery. The checker records the
+/// last discovery it meets, not the shortest, so this keeps the reported traces readable.
+pub fn shorten(model: &RunModel, property: &Property<RunModel>, trace: Trace) -> Trace {
+    let hit = |s: &State| {
+        let holds = (property.condition)(model, s);
+        if property.expectation == Expectation::Sometimes {
+            holds
+        } else {
+            !holds
+        }
+    };
+    // The trace cut right after its first state that makes the discovery.
+    let cut = |t: Trace| -> Option<Trace> {
+        let states = t.states(model)?;
+        let first = states.iter().position(hit)?;
+        Some(Trace {
+            init: t.init,
+            actions: t.actions.into_iter().take(first).collect(),
+        })
+    };
+    let Some(mut best) = cut(trace.clone()) else {
+        return trace;
+    };
+    for init in model.init_states() {
+        if let Some(t) = cut(Trace {
+            init,
+            actions: best.actions.clone(),
+        }) {
+            if t.actions.len() <= best.actions.len() {
+                best = t;
+            }
+            break;
+        }
+    }
+    let mut i = best.actions.len();
+    while i > 0 {
+        i -= 1;
+        let mut actions = best.actions.clone();
+        actions.remove(i);
+        if let Some(t) = cut(Trace {
+            init: best.init.clone(),
+            actions,
+        }) {
+            best = t;
+            i = i.min(best.actions.len());
+        }
+    }
+    best
+}
+
+/// The model's initial states: one per (sorted) pair of controller skews.
+pub fn initial_states(model: &RunModel) -> Vec<State> {
+    model.init_states()
 }
 
 /// Checks `model` exhaustively (breadth first, `threads` threads) and reports every property.
@@ -1213,13 +1370,13 @@ pub fn check(model: &RunModel, threads: usize) -> Report {
 }
 
 /// Checks `model` until the first counterexample to any `always` property (or
-/// exhaustively, if there is none): the shortest counterexample with one thread.
+/// exhaustively, if there is none).
 pub fn refute(model: &RunModel, threads: usize) -> Report {
     run(model, threads, HasDiscoveries::AnyFailures)
 }
 
-/// Checks `model` until a counterexample to the named properties is found (or
-/// exhaustively, if there is none).
+/// Checks `model` until a counterexample (or example) for one of the named properties is
+/// found, or exhaustively if there is none.
 pub fn refute_any_of(model: &RunModel, threads: usize, names: &[&'static str]) -> Report {
     let set: BTreeSet<&'static str> = names.iter().copied().collect();
     run(model, threads, HasDiscoveries::AnyOf(set))
@@ -1242,12 +1399,20 @@ fn run(model: &RunModel, threads: usize, finish_when: HasDiscoveries) -> Report 
     let verdicts = properties
         .iter()
         .map(|p| {
-            let path = discoveries.get(p.name);
+            let trace = discoveries.get(p.name).and_then(|path| {
+                let mut steps = path.clone().into_vec().into_iter();
+                let (init, first) = steps.next()?;
+                let actions = first
+                    .into_iter()
+                    .chain(steps.filter_map(|(_, a)| a))
+                    .collect();
+                Some(shorten(model, p, Trace { init, actions }))
+            });
             Verdict {
                 name: p.name,
                 expectation: p.expectation.clone(),
-                discovered: path.is_some(),
-                trace: path.map(format_trace),
+                discovered: trace.is_some(),
+                trace,
             }
         })
         .collect();
@@ -1260,5 +1425,97 @@ fn run(model: &RunModel, threads: usize, finish_when: HasDiscoveries) -> Report 
         exhaustive,
         elapsed,
         verdicts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> RunModel {
+        RunModel::new(Rules::NEW, Bounds::ci())
+    }
+
+    fn state(status: Status, attempt: u8, started: bool, cancel: bool) -> RunState {
+        RunState {
+            status,
+            attempt,
+            started,
+            cancel_requested: cancel,
+        }
+    }
+
+    #[test]
+    fn acquire_follows_the_design() {
+        let m = model();
+        assert_eq!(m.acquire(None), state(Status::Pending, 1, false, false));
+        // A steal of an attempt that never started does not count.
+        let never = state(Status::Pending, 1, false, false);
+        assert_eq!(m.acquire(Some(&never)).attempt, 1);
+        // A started attempt counts; past the last attempt the run fails.
+        let running = state(Status::Running, 1, true, false);
+        assert_eq!(
+            m.acquire(Some(&running)),
+            state(Status::Pending, 2, false, false)
+        );
+        let last = state(Status::Running, 2, true, false);
+        assert_eq!(m.acquire(Some(&last)).status, Status::Failed);
+        let retrying = state(Status::Retrying, 1, true, false);
+        assert_eq!(m.acquire(Some(&retrying)).attempt, 2);
+        // A cancel request wins over a new attempt.
+        let cancel = state(Status::Retrying, 1, true, true);
+        assert_eq!(m.acquire(Some(&cancel)).status, Status::Cancelled);
+    }
+
+    #[test]
+    fn quiescence() {
+        let pod = |phase, deleting| Pod {
+            phase,
+            deleting,
+            finalizer: true,
+            skew: 0,
+        };
+        assert!(pod(PodPhase::Pending, true).is_quiescent());
+        assert!(!pod(PodPhase::Pending, false).is_quiescent());
+        assert!(!pod(PodPhase::Scheduled, true).is_quiescent());
+        assert!(!pod(PodPhase::Running, true).is_quiescent());
+        assert!(pod(PodPhase::Failed, false).is_quiescent());
+        assert!(PodSlot::Gone.is_quiescent() && PodSlot::NotCreated.is_quiescent());
+    }
+
+    #[test]
+    fn init_states_pair_the_skews() {
+        assert_eq!(model().init_states().len(), 6);
+        assert_eq!(
+            RunModel::new(Rules::NEW, Bounds::tiny())
+                .init_states()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn tiny_bounds_hold() {
+        let report = check(&RunModel::new(Rules::NEW, Bounds::tiny()), 1);
+        assert!(report.exhaustive && report.all_hold(), "{report}");
+    }
+
+    #[test]
+    fn never_expiring_deadlines_are_merged() {
+        // A deadline no clock can pass within the bounds is stored as one value.
+        let m = model();
+        let mut s = m.init_states().remove(0);
+        s.lease = Some(Lease {
+            epoch: 1,
+            holder: Some(1),
+            deadline: 50,
+            state: state(Status::Pending, 1, false, false),
+        });
+        m.normalize(&mut s);
+        let cap = s.lease.map(|l| l.deadline);
+        assert_eq!(
+            cap,
+            Some(m.bounds.max_time + m.bounds.skew - m.bounds.allowance + 1)
+        );
     }
 }

@@ -14,7 +14,7 @@
 
 use std::process::ExitCode;
 
-use cojob_model::{Bounds, Report, RunModel, Rules, check, refute};
+use cojob_model::{Bounds, Report, Rules, RunModel, check, refute};
 
 const USAGE: &str = "usage: cojob-model [--preset release|ci|tiny] [--time N] [--ttl N] \
 [--allowance N] [--skew N] [--attempts N] [--epochs N] [--controllers 1|2] [--cancel|--no-cancel] \
@@ -27,31 +27,6 @@ struct Options {
     threads: usize,
     first_counterexample: bool,
     traces: bool,
-}
-
-fn rules_named(name: &str) -> Result<Rules, String> {
-    let new = Rules::NEW;
-    Ok(match name {
-        "new" => new,
-        "old" => Rules::OLD,
-        "create-on-steal" => Rules {
-            wait_for_quiescent_predecessors: false,
-            ..new
-        },
-        "no-finalizer" => Rules {
-            pod_finalizer: false,
-            ..new
-        },
-        "current-epoch-only" => Rules {
-            success_of_any_epoch_completes: false,
-            ..new
-        },
-        "blind-claim" => Rules {
-            claim_put_if_absent: false,
-            ..new
-        },
-        other => return Err(format!("unknown rules '{other}'")),
-    })
 }
 
 fn parse(args: &[String]) -> Result<Options, String> {
@@ -93,7 +68,13 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--cancel" => b.cancel = true,
             "--no-cancel" => b.cancel = false,
             "--threads" => options.threads = usize::try_from(number(value()?)?).unwrap_or(1),
-            "--rules" => options.rules = rules_named(&value()?)?,
+            "--rules" => {
+                let name = value()?;
+                options.rules = Rules::named(&name).ok_or_else(|| {
+                    let known: Vec<&str> = Rules::NAMES.iter().map(|(n, _)| *n).collect();
+                    format!("unknown rules '{name}'; known: {}", known.join(", "))
+                })?;
+            }
             "--first-counterexample" => options.first_counterexample = true,
             "--traces" => options.traces = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
@@ -111,12 +92,20 @@ fn tiny(n: i64) -> Result<u8, String> {
     u8::try_from(n).map_err(|e| format!("{n}: {e}"))
 }
 
-fn print_traces(report: &Report, all: bool) {
+fn print_traces(model: &RunModel, report: &Report, all: bool) {
     for v in &report.verdicts {
         let Some(trace) = &v.trace else { continue };
         if all || !v.holds() {
-            println!("\n{} ({}):", v.name, if v.holds() { "example" } else { "counterexample" });
-            print!("{trace}");
+            println!(
+                "\n{} ({}):",
+                v.name,
+                if v.holds() {
+                    "example"
+                } else {
+                    "counterexample"
+                }
+            );
+            print!("{}", trace.render(model));
         }
     }
 }
@@ -138,7 +127,7 @@ fn main() -> ExitCode {
         check(&model, options.threads)
     };
     print!("{report}");
-    print_traces(&report, options.traces);
+    print_traces(&model, &report, options.traces);
     if report.all_hold() {
         ExitCode::SUCCESS
     } else {

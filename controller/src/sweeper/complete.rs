@@ -67,8 +67,13 @@ async fn record(
     let db = &scope.cx.db;
     let key = scope.keys.lease(&run.run_id);
     let holder = holder::read_holder(scope, &holder::secret_name(&run.run_id, lease.epoch)).await?;
+    // With the attempt's own holder the result is recorded at the attempt's epoch, even past
+    // the deadline: the compare-and-swap fails if anyone took the lease meanwhile.
     let attached = match &holder {
-        Some(h) => db.attach_lease_from(&key, lease, h, scope.ttl())?,
+        Some(h) => match db.attach_lease_from(&key, lease, h, scope.ttl())? {
+            Some(handle) => Some(handle),
+            None => db.resume_lease(&key, h, lease.epoch, scope.ttl()).await?,
+        },
         None => None,
     };
     let took_over = attached.is_none();
