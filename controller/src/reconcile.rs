@@ -281,12 +281,18 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
     let now = db.clock().now();
     if let (Some(fingerprint), Some(expr)) = (schedule_fingerprint(spec), &spec.schedule) {
         let mut edited = false;
-        known = update_index(&doc, known, |i| edited = i.record_schedule(&fingerprint, now)).await?;
+        known = update_index(&doc, known, |i| {
+            edited = i.record_schedule(&fingerprint, now)
+        })
+        .await?;
         if edited {
             scope
                 .normal(
                     "ScheduleChanged",
-                    format!("schedule is now {expr:?}; it applies to ticks after {}", cojob::json::format_time(now)),
+                    format!(
+                        "schedule is now {expr:?}; it applies to ticks after {}",
+                        cojob::json::format_time(now)
+                    ),
                 )
                 .await;
         }

@@ -405,8 +405,8 @@ pub struct Timing {
 
 impl Timing {
     fn lease_expired(&self, lease: &LeaseInfo) -> bool {
-        let allowance = chrono::Duration::from_std(self.skew_allowance)
-            .unwrap_or(chrono::Duration::MAX);
+        let allowance =
+            chrono::Duration::from_std(self.skew_allowance).unwrap_or(chrono::Duration::MAX);
         self.now
             .checked_sub_signed(allowance)
             .is_some_and(|judged| lease.is_expired_at(judged))
@@ -451,7 +451,11 @@ pub enum Step {
 }
 
 /// Picks a run's next step from its lease and what was observed of its pods.
-pub fn decide(lease: Option<&LeaseInfo>, seen: &Observed, timing: &Timing) -> Result<Step, Refusal> {
+pub fn decide(
+    lease: Option<&LeaseInfo>,
+    seen: &Observed,
+    timing: &Timing,
+) -> Result<Step, Refusal> {
     let Some(lease) = lease else {
         return Ok(Step::Dispatch);
     };
@@ -675,7 +679,10 @@ mod tests {
         let ended = PodView::Ended(failed(1));
         assert_eq!(decide(None, &seen(PodView::Absent), &t), Ok(Step::Dispatch));
         let held = lease(running.clone(), Some("h"), 10);
-        assert_eq!(decide(Some(&held), &seen(PodView::Live), &t), Ok(Step::Wait));
+        assert_eq!(
+            decide(Some(&held), &seen(PodView::Live), &t),
+            Ok(Step::Wait)
+        );
         // A missing pod is created again only for an attempt that never started.
         let pending = lease(
             json!({"status": "pending", "attempt": 1, "run_id": "r"}),
@@ -698,7 +705,10 @@ mod tests {
             Ok(Step::Wait),
             "a pod that ran and was deleted is never created again under the same epoch"
         );
-        assert_eq!(decide(Some(&held), &seen(PodView::Absent), &t), Ok(Step::Wait));
+        assert_eq!(
+            decide(Some(&held), &seen(PodView::Absent), &t),
+            Ok(Step::Wait)
+        );
         assert_eq!(
             decide(Some(&held), &seen(ended.clone()), &t),
             Ok(Step::Complete(failed(1)))
@@ -728,14 +738,23 @@ mod tests {
             succeeded: Some(ok()),
             ..seen(PodView::Absent)
         };
-        assert_eq!(decide(Some(&expired), &older_ok, &t), Ok(Step::Complete(ok())));
+        assert_eq!(
+            decide(Some(&expired), &older_ok, &t),
+            Ok(Step::Complete(ok()))
+        );
         let retrying = lease(
             json!({"status": "retrying", "attempt": 1, "run_id": "r"}),
             None,
             -5,
         );
-        assert_eq!(decide(Some(&retrying), &seen(ended), &t), Ok(Step::Dispatch));
-        assert_eq!(decide(Some(&retrying), &older_ok, &t), Ok(Step::Complete(ok())));
+        assert_eq!(
+            decide(Some(&retrying), &seen(ended), &t),
+            Ok(Step::Dispatch)
+        );
+        assert_eq!(
+            decide(Some(&retrying), &older_ok, &t),
+            Ok(Step::Complete(ok()))
+        );
         let done = lease(
             json!({"status": "succeeded", "attempt": 1, "run_id": "r"}),
             None,
@@ -754,9 +773,7 @@ mod tests {
     #[test]
     fn a_pod_that_does_not_start_in_time_ends_its_attempt() {
         let t = timing();
-        let at = |secs_ago: i64| {
-            cojob::json::format_time(now() - Duration::seconds(secs_ago))
-        };
+        let at = |secs_ago: i64| cojob::json::format_time(now() - Duration::seconds(secs_ago));
         let pending = |since: String| {
             lease(
                 json!({"status": "pending", "attempt": 1, "run_id": "r", "dispatched_at": since}),
@@ -777,12 +794,16 @@ mod tests {
             Some("h"),
             10,
         );
-        assert_eq!(decide(Some(&started), &seen(PodView::Live), &t), Ok(Step::Wait));
+        assert_eq!(
+            decide(Some(&started), &seen(PodView::Live), &t),
+            Ok(Step::Wait)
+        );
     }
 
     #[test]
     fn losing_an_attempt_that_never_started_costs_no_attempt() {
-        let never = json!({"status": "pending", "attempt": 1, "run_id": "r", "dispatch": "r-1-holder"});
+        let never =
+            json!({"status": "pending", "attempt": 1, "run_id": "r", "dispatch": "r-1-holder"});
         let next = acquire(Some(&never), &a("r-2-holder", 1)).unwrap();
         assert_eq!(
             (next["status"].as_str(), next["attempt"].as_u64()),
@@ -800,22 +821,40 @@ mod tests {
     fn a_pod_keeps_its_result_finalizer_until_its_outcome_is_recorded() {
         let held = |epoch, status: &str| LeaseInfo {
             epoch,
-            ..lease(json!({"status": status, "attempt": 1, "run_id": "r"}), Some("h"), 10)
+            ..lease(
+                json!({"status": status, "attempt": 1, "run_id": "r"}),
+                Some("h"),
+                10,
+            )
         };
         let ended_ok = PodView::Ended(ok());
         let ended_bad = PodView::Ended(failed(1));
         assert!(!may_release_pod(2, &ended_ok, Some(&held(2, "running"))));
-        assert!(!may_release_pod(1, &ended_ok, Some(&held(2, "pending"))), "G2: an older success is recorded first");
+        assert!(
+            !may_release_pod(1, &ended_ok, Some(&held(2, "pending"))),
+            "G2: an older success is recorded first"
+        );
         assert!(may_release_pod(1, &ended_bad, Some(&held(2, "pending"))));
         assert!(may_release_pod(1, &ended_ok, Some(&held(2, "succeeded"))));
-        assert!(!may_release_pod(2, &ended_bad, Some(&held(2, "running"))), "not recorded yet");
+        assert!(
+            !may_release_pod(2, &ended_bad, Some(&held(2, "running"))),
+            "not recorded yet"
+        );
         let released = LeaseInfo {
             holder: None,
             ..held(2, "retrying")
         };
         assert!(may_release_pod(2, &ended_bad, Some(&released)));
-        assert!(!may_release_pod(1, &PodView::Live, Some(&held(2, "succeeded"))));
-        assert!(may_release_pod(2, &PodView::Absent, Some(&held(2, "pending"))));
+        assert!(!may_release_pod(
+            1,
+            &PodView::Live,
+            Some(&held(2, "succeeded"))
+        ));
+        assert!(may_release_pod(
+            2,
+            &PodView::Absent,
+            Some(&held(2, "pending"))
+        ));
         assert!(!may_release_pod(3, &ended_bad, Some(&held(2, "pending"))));
     }
 }

@@ -127,7 +127,11 @@ pub async fn run(
     match std::fs::remove_file(dir.join(ATTACHED_FILE)) {
         Ok(()) => tracing::info!("removed the attached file of an earlier sidecar run"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(anyhow::anyhow!("cannot reset the startup probe's file: {e}")),
+        Err(e) => {
+            return Err(anyhow::anyhow!(
+                "cannot reset the startup probe's file: {e}"
+            ));
+        }
     }
     let db = Db::open(&args.bucket).await?;
     let Some(mut lease) = db
@@ -200,7 +204,11 @@ pub async fn run(
                 // A whole ttl without a renewal, by this process's monotonic clock: the
                 // controller may take the run over from now on. Tell the workload, and stop.
                 tracing::warn!(key = args.lease_key, error = %e, "no renewal for a whole ttl; the lease is presumed lost");
-                mark(dir, "lease_lost", &format!("no renewal for {}s: {e}\n", ttl.as_secs()));
+                mark(
+                    dir,
+                    "lease_lost",
+                    &format!("no renewal for {}s: {e}\n", ttl.as_secs()),
+                );
                 return Ok(Outcome::LeaseLost);
             }
             Err(e) => tracing::warn!(key = args.lease_key, error = %e, "renewal failed; retrying"),

@@ -44,7 +44,8 @@ async fn gone(h: &Harness, pod: &str) -> bool {
 #[tokio::test]
 async fn a_pod_deleted_after_it_succeeded_is_recorded_and_never_run_again() {
     let h = Harness::new("it-g2").await;
-    h.create_job("done", json!({"lease": {"ttlSeconds": 30}})).await;
+    h.create_job("done", json!({"lease": {"ttlSeconds": 30}}))
+        .await;
     h.settle("done", 1).await;
     h.start_pod("done-once-1").await;
     h.sidecar_started("done", "done-once").await;
@@ -118,7 +119,10 @@ async fn a_stolen_attempt_waits_until_the_old_pod_has_stopped() {
     h.finish_pod("frozen-once-1", 137).await;
     h.settle("frozen", 2).await;
     assert!(h.pod_exists("frozen-once-2").await, "the next attempt");
-    assert!(released(&h, "frozen-once-1").await, "its finalizer released");
+    assert!(
+        released(&h, "frozen-once-1").await,
+        "its finalizer released"
+    );
     let st = state(&h.lease("frozen", "frozen-once").await.unwrap());
     assert_eq!((st.status.as_str(), st.attempt), ("pending", 2));
     h.cleanup().await;
@@ -129,7 +133,8 @@ async fn a_stolen_attempt_waits_until_the_old_pod_has_stopped() {
 #[tokio::test]
 async fn a_success_of_a_taken_over_attempt_ends_the_run() {
     let h = Harness::new("it-g2-late").await;
-    h.create_job("late", json!({"lease": {"ttlSeconds": 30}})).await;
+    h.create_job("late", json!({"lease": {"ttlSeconds": 30}}))
+        .await;
     h.settle("late", 1).await;
     h.bind_pod("late-once-1", "node-without-kubelet").await;
     h.start_pod("late-once-1").await;
@@ -197,7 +202,11 @@ async fn a_pod_that_never_starts_fails_its_attempt_after_the_start_timeout() {
     let st = state(&lease);
     assert_eq!((lease.epoch, st.attempt), (2, 2), "the retry");
     assert!(h.pod_exists("stuck-once-2").await);
-    assert!(!h.live_pod_names("stuck").await.contains(&"stuck-once-1".to_string()));
+    assert!(
+        !h.live_pod_names("stuck")
+            .await
+            .contains(&"stuck-once-1".to_string())
+    );
     let reasons = h.event_reasons("stuck").await;
     assert!(reasons.iter().any(|r| r == "RunRetrying"), "{reasons:?}");
     // The retry does not start either: out of attempts.
@@ -216,7 +225,11 @@ async fn a_pod_that_never_starts_fails_its_attempt_after_the_start_timeout() {
 #[tokio::test]
 async fn a_pod_deleted_mid_run_is_retried_once_stopped() {
     let h = Harness::new("it-midrun").await;
-    h.create_job("mid", json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}})).await;
+    h.create_job(
+        "mid",
+        json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
     h.settle("mid", 1).await;
     h.bind_pod("mid-once-1", "node-without-kubelet").await;
     h.start_pod("mid-once-1").await;
@@ -256,10 +269,17 @@ async fn an_edited_schedule_starts_from_the_edit() {
         "no tick of the new schedule before the edit runs"
     );
     let reasons = h.event_reasons("edit").await;
-    assert!(reasons.iter().any(|r| r == "ScheduleChanged"), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r == "ScheduleChanged"),
+        "{reasons:?}"
+    );
     h.advance(Duration::from_secs(5 * 60 + 1));
     h.settle("edit", 1).await;
-    assert_eq!(h.decisions("edit").await.len(), 1, "the first tick after the edit");
+    assert_eq!(
+        h.decisions("edit").await.len(),
+        1,
+        "the first tick after the edit"
+    );
     h.cleanup().await;
 }
 
@@ -288,7 +308,10 @@ async fn losing_the_index_does_not_rerun_old_ticks() {
     }
     h.delete_pod_now(&pod).await;
     h.settle("minutely", 2).await;
-    assert!(h.decisions("minutely").await.is_empty(), "no tick decided again");
+    assert!(
+        h.decisions("minutely").await.is_empty(),
+        "no tick decided again"
+    );
     assert!(h.job_pods("minutely").await.is_empty(), "nothing ran again");
     h.cleanup().await;
 }
@@ -298,22 +321,24 @@ async fn losing_the_index_does_not_rerun_old_ticks() {
 #[tokio::test]
 async fn a_stale_cached_object_decides_nothing() {
     let h = Harness::new("it-stale").await;
-    h.create_job("stale", json!({"schedule": "* * * * *"})).await;
+    h.create_job("stale", json!({"schedule": "* * * * *"}))
+        .await;
     h.settle("stale", 1).await;
     let old = h.job("stale").await;
     h.jobs().delete("stale", &Default::default()).await.unwrap();
     h.settle("stale", 2).await;
-    h.create_job("stale", json!({"schedule": "0 0 1 1 *"})).await;
+    h.create_job("stale", json!({"schedule": "0 0 1 1 *"}))
+        .await;
     h.advance(Duration::from_secs(61));
     let cx = h.context(&support::Budget::unlimited());
     let _ = cojob_controller::reconcile::reconcile(std::sync::Arc::new(old.clone()), cx).await;
-    let keys = cojob_controller::layout::JobKeys::new(&h.ns, "stale", &old.metadata.uid.clone().unwrap());
-    let ticks = h
-        .db
-        .store()
-        .list(&format!("{}/ticks", keys.base()))
-        .await
-        .unwrap();
+    let keys =
+        cojob_controller::layout::JobKeys::new(&h.ns, "stale", &old.metadata.uid.clone().unwrap());
+    let ticks =
+        h.db.store()
+            .list(&format!("{}/ticks", keys.base()))
+            .await
+            .unwrap();
     assert!(ticks.is_empty(), "claimed for a deleted object: {ticks:?}");
     assert!(h.job_pods("stale").await.is_empty());
     h.cleanup().await;

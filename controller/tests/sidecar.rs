@@ -209,7 +209,10 @@ async fn attaches_only_to_its_own_epoch() {
         cojob_controller::sidecar::EXIT_NOT_ATTACHED,
         "epoch 1's pod refuses the lease at epoch 2"
     );
-    assert_eq!(lease_doc(&r.db, key).await["state"], serde_json::Value::Null);
+    assert_eq!(
+        lease_doc(&r.db, key).await["state"],
+        serde_json::Value::Null
+    );
     let mut child = spawn_epoch(&r, key, &holder, 2);
     until("running", Duration::from_secs(10), async || {
         lease_doc(&r.db, key).await["state"]["status"] == "running"
@@ -224,7 +227,10 @@ async fn attaches_only_to_its_own_epoch() {
 #[tokio::test]
 async fn a_restart_does_not_pass_the_startup_probe_on_an_old_file() {
     let r = rig().await;
-    let file = r.shared.path().join(cojob_controller::sidecar::ATTACHED_FILE);
+    let file = r
+        .shared
+        .path()
+        .join(cojob_controller::sidecar::ATTACHED_FILE);
     std::fs::write(&file, "1\n").unwrap();
     assert!(cojob_controller::sidecar::ready(r.shared.path()));
     let mut child = spawn(&r, "runs/absent/lease", &cojob::new_holder());

@@ -429,6 +429,19 @@ async fn strip_and_delete(ctx: &Ctx, ns: &str, name: &str) {
 /// (and the other tests on this cluster) start clean.
 async fn force_cleanup(ctx: &Ctx, namespaces: &[String]) {
     for ns in namespaces {
+        // Without a controller nobody releases the run pods' result finalizers.
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        if let Ok(list) = pods.list(&ListParams::default()).await {
+            for p in list.items {
+                let _ = pods
+                    .patch(
+                        &p.metadata.name.unwrap_or_default(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                    )
+                    .await;
+            }
+        }
         if let Ok(list) = coordinated_jobs(&ctx.client, ns)
             .list(&ListParams::default())
             .await
@@ -1319,9 +1332,11 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
         ("e. failing pod retried", "op-fail", |c, n| {
             Box::pin(failing_pod_retried(c, n))
         }),
-        ("h. frozen sidecar, workload ignoring SIGTERM", "op-frozen", |c, n| {
-            Box::pin(faults::frozen_sidecar(c, n))
-        }),
+        (
+            "h. frozen sidecar, workload ignoring SIGTERM",
+            "op-frozen",
+            |c, n| Box::pin(faults::frozen_sidecar(c, n)),
+        ),
     ];
     let later: [(&str, &str, Scenario); 1] = [(
         "f. deleted after success while no controller runs",

@@ -21,7 +21,32 @@
 //! implemented, and turning off one rule gives the older design that the checker must
 //! refute (the negative controls in `tests/`). [`Bounds`] sizes the state space. The
 //! properties are listed in [`RunModel::properties`](stateright::Model::properties); their
-//! names are the constants in [`prop`].
+//! names are the constants in [`prop`]:
+//!
+//! - **G1** a tick is decided once (put-if-absent claim);
+//! - **G2** a recorded success is final: no workload starts after a workload exited 0, at
+//!   most one exits 0, no pod is created after the run is recorded `succeeded`;
+//! - **G3** at most one workload of the run runs at any time;
+//! - **fencing**: a sidecar writes only its own epoch, and one pod attaches per epoch;
+//! - a terminal status never changes, and a recorded success had a workload that exited 0;
+//! - `sometimes` properties showing that the bounds reach success, failure, retry, steal
+//!   (also one the holder's clock does not yet see), cancel, a success recorded from a
+//!   deleted pod, and a new epoch waiting for a running predecessor.
+//!
+//! ## Abstractions
+//!
+//! - One run, one lease. The holder written by epoch `e`'s acquisition is named `e`.
+//! - A controller step reads a consistent snapshot and acts atomically. This is exact for
+//!   bucket writes (compare-and-swap on the whole document). For pod creation the guards
+//!   on pods are stable (a quiescent pod stays quiescent; a pod that succeeded stays so, and
+//!   visible, until the run is terminal); a creation that lands after the lease moved on
+//!   makes a pod whose sidecar's attach fails, which the model does not need to represent.
+//! - The kubelet's grace period is any number of steps: a deleting pod's workload may still
+//!   exit 0 before the kill.
+//! - A sidecar whose renewal fails kills its workload at once; one that never renews again
+//!   models a frozen sidecar or a partition.
+//! - Not modelled: the start timeout, the controller's takeover of an expired lease to
+//!   record a result, several runs, informer staleness.
 //!
 //! ```
 //! use cojob_model::{Bounds, RunModel, Rules, check};
@@ -192,8 +217,8 @@ impl Bounds {
         }
     }
 
-    /// The default bounds of the release binary: CI's plus a longer time, three attempts,
-    /// more epochs and the cancel path.
+    /// The default bounds of the release binary: CI's with time 0..=8, three attempts and
+    /// four epochs (about 7 million distinct states).
     pub const fn release() -> Bounds {
         Bounds {
             controllers: 2,
@@ -202,7 +227,7 @@ impl Bounds {
             skew: 1,
             max_attempts: 3,
             max_time: 8,
-            max_epochs: 5,
+            max_epochs: 4,
             cancel: true,
         }
     }
@@ -363,11 +388,6 @@ pub struct Ghost {
     pub second_attach_in_epoch: bool,
     /// The first terminal status the run was recorded with.
     pub terminal: Option<Status>,
-    /// A held lease was stolen after its deadline.
-    pub stolen: bool,
-    /// A held lease was stolen while its running pod's own clock still read before the
-    /// deadline (the skew exceeded the allowance).
-    pub stolen_early: bool,
     /// The run was recorded succeeded from a pod that was already marked for deletion.
     pub success_recorded_from_deleted_pod: bool,
     /// Controllers that decided the tick (G1).
@@ -539,9 +559,9 @@ pub mod prop {
     pub const SUCCESS_IS_REAL: &str = "recorded success had a successful workload";
     /// Example: a run succeeds.
     pub const EX_SUCCEEDS: &str = "sometimes: run succeeds";
-    /// Example: a held lease is stolen.
+    /// Example: a held lease can be stolen (a controller's `Dispatch` is enabled on it).
     pub const EX_STEAL: &str = "sometimes: a lease is stolen";
-    /// Example: a lease is stolen while its running holder's clock says it is still valid
+    /// Example: a lease can be stolen while its running holder's clock says it is still valid
     /// (checked only when the skew allowance is below twice the skew bound, where it is
     /// possible).
     pub const EX_EARLY_STEAL: &str = "sometimes: a lease is stolen before its holder's deadline";
@@ -666,6 +686,20 @@ impl RunModel {
         }
     }
 
+    /// Whether some controller may steal the held lease now; with `early`, only while the
+    /// holder's running pod's own clock still reads before the deadline. (Properties about
+    /// steals look at the state before the steal, which needs no history variable.)
+    fn steal_enabled(&self, state: &State, early: bool) -> bool {
+        let Some(l) = state.lease.filter(|l| l.holder.is_some()) else {
+            return false;
+        };
+        let early_ok = !early
+            || state
+                .pod(l.epoch)
+                .is_some_and(|p| p.phase == PodPhase::Running && state.t + p.skew < l.deadline);
+        early_ok && (0..self.bounds.controllers).any(|c| self.may_dispatch(state, c))
+    }
+
     fn may_create_pod(&self, state: &State) -> bool {
         let Some(l) = state.lease else {
             return false;
@@ -721,11 +755,6 @@ impl RunModel {
                 || (l.epoch == epoch && l.holder.is_none()))
     }
 
-    /// Whether `action` changes `state`; `actions` lists only these.
-    fn enabled(&self, state: &State, action: Action) -> bool {
-        self.next_state(state, action).is_some()
-    }
-
     fn step(&self, s: &State, action: Action) -> Option<State> {
         let mut n = s.clone();
         match action {
@@ -763,14 +792,6 @@ impl RunModel {
                     deadline: self.local(s, controller) + self.bounds.ttl,
                     state: self.acquire(prev.as_ref().map(|l| &l.state)),
                 });
-                if let Some(l) = prev.filter(|l| l.holder.is_some()) {
-                    n.ghost.stolen = true;
-                    if s.pod(l.epoch)
-                        .is_some_and(|p| p.phase == PodPhase::Running && s.t + p.skew < l.deadline)
-                    {
-                        n.ghost.stolen_early = true;
-                    }
-                }
             }
             Action::Fence => {
                 let targets = self.fence_targets(s);
@@ -1018,15 +1039,15 @@ impl Model for RunModel {
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        let mut candidates = vec![Action::Tick];
+        actions.push(Action::Tick);
         for controller in 0..self.bounds.controllers {
-            candidates.push(Action::Claim { controller });
+            actions.push(Action::Claim { controller });
         }
         for controller in self.controller_ids(state) {
-            candidates.push(Action::Dispatch { controller });
-            candidates.push(Action::KeepAlive { controller });
+            actions.push(Action::Dispatch { controller });
+            actions.push(Action::KeepAlive { controller });
         }
-        candidates.extend([
+        actions.extend([
             Action::Fence,
             Action::CreatePod,
             Action::Complete,
@@ -1037,11 +1058,11 @@ impl Model for RunModel {
             if state.pod(epoch).is_none() {
                 continue;
             }
-            candidates.push(Action::RemoveFinalizer { epoch });
+            actions.push(Action::RemoveFinalizer { epoch });
             for skew in self.skews() {
-                candidates.push(Action::Schedule { epoch, skew });
+                actions.push(Action::Schedule { epoch, skew });
             }
-            candidates.extend([
+            actions.extend([
                 Action::Attach { epoch },
                 Action::Renew { epoch },
                 Action::WorkloadEnds {
@@ -1057,7 +1078,8 @@ impl Model for RunModel {
                 Action::Remove { epoch },
             ]);
         }
-        actions.extend(candidates.into_iter().filter(|a| self.enabled(state, *a)));
+        // Candidates that are not enabled are skipped by the checker: `next_state` is `None`
+        // for them (and for steps that would change nothing).
     }
 
     fn next_state(&self, last_state: &State, action: Action) -> Option<State> {
@@ -1088,7 +1110,7 @@ impl Model for RunModel {
             Property::<Self>::sometimes(prop::EX_SUCCEEDS, |_, s| {
                 s.status() == Some(Status::Succeeded)
             }),
-            Property::<Self>::sometimes(prop::EX_STEAL, |_, s| s.ghost.stolen),
+            Property::<Self>::sometimes(prop::EX_STEAL, |m, s| m.steal_enabled(s, false)),
             Property::<Self>::sometimes(prop::EX_RETRY, |_, s| {
                 s.status() == Some(Status::Retrying)
             }),
@@ -1111,8 +1133,8 @@ impl Model for RunModel {
             }),
         ];
         if self.bounds.allowance < 2 * self.bounds.skew {
-            properties.push(Property::<Self>::sometimes(prop::EX_EARLY_STEAL, |_, s| {
-                s.ghost.stolen_early
+            properties.push(Property::<Self>::sometimes(prop::EX_EARLY_STEAL, |m, s| {
+                m.steal_enabled(s, true)
             }));
         }
         if self.bounds.cancel {

@@ -545,10 +545,13 @@ pub async fn lease_write_replaces_unread_cooperative_state(r: Rig) {
 
 pub async fn lease_release_with_reads_a_racing_cooperative_write(r: Rig) {
     let mut l =
-        r.db.lease("l", opts("a").state_fn(|_| Ok(json!({"status": "running"}))))
-            .await
-            .unwrap()
-            .unwrap();
+        r.db.lease(
+            "l",
+            opts("a").state_fn(|_| Ok(json!({"status": "running"}))),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     let rival = r.rival.clone();
     r.race.before_next_put(move || async move {
         rival
@@ -616,7 +619,11 @@ pub async fn lease_resume_rules(r: Rig) {
     // Past the deadline by this reader's clock (a node clock running ahead), still resumable;
     // the renewal's compare-and-swap is the judge.
     r.clock.advance(TTL * 2);
-    let mut late = r.db.resume_lease("l", &me, 1, TTL).await.unwrap().expect("ours");
+    let mut late =
+        r.db.resume_lease("l", &me, 1, TTL)
+            .await
+            .unwrap()
+            .expect("ours");
     late.renew().await.unwrap();
     // Once stolen, a resumed handle of the old epoch is fenced at its first write.
     let mut stale = r.db.resume_lease("l", &me, 1, TTL).await.unwrap().unwrap();

@@ -28,8 +28,7 @@ pub async fn dispatch(
     let key = scope.keys.lease(&run.run_id);
     let expected = prev.map_or(1, |l| l.epoch.saturating_add(1));
     let secret = holder::secret_name(&run.run_id, expected);
-    let Some(holder) =
-        holder::ensure(scope, run, &secret, expected, cojob::new_holder()).await?
+    let Some(holder) = holder::ensure(scope, run, &secret, expected, cojob::new_holder()).await?
     else {
         return Ok(active(prev, None));
     };
@@ -146,7 +145,9 @@ pub async fn dispatch(
                 blocking.join(", ")
             ),
         };
-        let related = pod.clone().unwrap_or_else(|| format!("{}-{epoch}", run.run_id));
+        let related = pod
+            .clone()
+            .unwrap_or_else(|| format!("{}-{epoch}", run.run_id));
         scope
             .run_event(EventType::Normal, reason, note, Some(&related))
             .await;

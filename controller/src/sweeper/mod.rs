@@ -135,8 +135,7 @@ async fn observe(
     // Secret owned by a pod means the pod existed and was deleted; its lease must expire first.
     let never_spawned = match (lease, &current) {
         (Some(l), run::PodView::Absent) if !l.is_released() && !pods.contains_key(&l.epoch) => {
-            holder::never_handed_to_a_pod(scope, &holder::secret_name(&run.run_id, l.epoch))
-                .await?
+            holder::never_handed_to_a_pod(scope, &holder::secret_name(&run.run_id, l.epoch)).await?
         }
         _ => false,
     };
@@ -160,12 +159,14 @@ pub async fn sync_run(
         pods::fence(scope, run, pods, l.epoch).await?;
     }
     let seen = observe(scope, run, lease.as_ref(), pods).await?;
-    let step = run::decide(lease.as_ref(), &seen, &scope.timing())
-        .map_err(|r| foreign(&run.run_id, r))?;
+    let step =
+        run::decide(lease.as_ref(), &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))?;
     tracing::debug!(job = %scope.name, run = %run.run_id, ?step, "sweep");
     let current = lease.as_ref().and_then(|l| pods.get(&l.epoch));
     let report = match (step, &lease) {
-        (Step::Dispatch, _) | (_, None) => dispatch::dispatch(scope, run, lease.as_ref(), pods).await?,
+        (Step::Dispatch, _) | (_, None) => {
+            dispatch::dispatch(scope, run, lease.as_ref(), pods).await?
+        }
         (Step::Finished(state), _) => {
             // A pod created by a racing dispatch after the run ended, or left by a crash
             // between a cancel's release and its pod deletion: stop it (its sidecar cannot

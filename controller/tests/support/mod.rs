@@ -367,12 +367,7 @@ impl Harness {
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         });
         self.pods()
-            .create_subresource::<Value, Value>(
-                "binding",
-                pod,
-                &PostParams::default(),
-                &binding,
-            )
+            .create_subresource::<Value, Value>("binding", pod, &PostParams::default(), &binding)
             .await
             .unwrap_or_else(|e| panic!("bind pod {pod}: {e}"));
     }
@@ -480,6 +475,26 @@ impl Harness {
                 let _ = self.jobs().delete(&name, &DeleteParams::default()).await;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // No controller runs after the test: release the pods' result finalizers, or the
+        // namespace could never go.
+        if let Ok(pods) = self.pods().list(&ListParams::default()).await {
+            for pod in pods.items {
+                let patch = json!({"metadata": {"finalizers": null}});
+                let _ = self
+                    .pods()
+                    .patch(
+                        &pod.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await;
+                // Pods bound to a node without a kubelet go only by force.
+                let _ = self
+                    .pods()
+                    .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                    .await;
+            }
         }
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let _ = namespaces.delete(&self.ns, &DeleteParams::default()).await;

@@ -92,7 +92,11 @@ impl Ledger {
     }
 
     pub fn dump(&self) -> String {
-        format!("ledger {}:\n{}", self.dir.display(), self.lines().join("\n"))
+        format!(
+            "ledger {}:\n{}",
+            self.dir.display(),
+            self.lines().join("\n")
+        )
     }
 }
 
@@ -140,7 +144,9 @@ async fn scale_controller(ctx: &Ctx, replicas: i32) -> anyhow::Result<()> {
                         && p.status
                             .as_ref()
                             .and_then(|s| s.conditions.as_ref())
-                            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                            .is_some_and(|c| {
+                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            })
                 })
                 .count();
             let done = if replicas == 0 {
@@ -199,7 +205,10 @@ pub async fn deleted_after_success(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
         Duration::from_secs(60),
         || async {
             let p = pods.get_opt(&first).await?;
-            Ok(p.as_ref().and_then(main_exit).filter(|c| *c == 0).map(|_| ()))
+            Ok(p.as_ref()
+                .and_then(main_exit)
+                .filter(|c| *c == 0)
+                .map(|_| ()))
         },
     )
     .await?;
@@ -221,22 +230,32 @@ pub async fn deleted_after_success(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
         Duration::from_secs(60),
     )
     .await?;
-    wait_for(&format!("{first} to go"), Duration::from_secs(30), || async {
-        Ok(pods.get_opt(&first).await?.is_none().then_some(()))
-    })
+    wait_for(
+        &format!("{first} to go"),
+        Duration::from_secs(30),
+        || async { Ok(pods.get_opt(&first).await?.is_none().then_some(())) },
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(SWEEP + 2)).await;
     let seen = tracker.seen();
     let ends = ledger.count("end", None);
     ensure!(
-        lease.status() == Some("succeeded") && lease.epoch == 1 && ends == 1 && seen.len() == 1,
+        // The epoch may be 2: the pod's holder Secret goes with the deleted pod, and then the
+        // result is recorded by a takeover guarded by the attempt's dispatch marker.
+        lease.status() == Some("succeeded")
+            && lease.attempt() == Some(1)
+            && ends == 1
+            && seen.len() == 1,
         "G2 broken: lease {} at epoch {}, {ends} completed effect(s), pods {:?}\n{}",
         lease.state,
         lease.epoch,
         seen.keys().collect::<Vec<_>>(),
         ledger.dump()
     );
-    println!("f: ok: the success of a pod deleted while no controller ran was recorded; 1 effect, 1 pod");
+    println!(
+        "f: ok: the success of a pod deleted while no controller ran was recorded (epoch {}); 1 effect, 1 pod",
+        lease.epoch
+    );
     Ok(())
 }
 
@@ -292,13 +311,18 @@ pub async fn frozen_sidecar(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     signal(pid, "-STOP")?;
     let frozen = tokio::time::Instant::now();
     // Frozen until the controller took over and the new attempt's workload started.
-    let outcome = wait_for("epoch 2's workload to start", Duration::from_secs(60), || async {
-        Ok((ledger.count("start", Some("2")) >= 1).then_some(()))
-    })
+    let outcome = wait_for(
+        "epoch 2's workload to start",
+        Duration::from_secs(60),
+        || async { Ok((ledger.count("start", Some("2")) >= 1).then_some(())) },
+    )
     .await;
     let _ = signal(pid, "-CONT");
     outcome.with_context(|| ledger.dump())?;
-    println!("h: the takeover's workload started {:?} after the sidecar froze", frozen.elapsed());
+    println!(
+        "h: the takeover's workload started {:?} after the sidecar froze",
+        frozen.elapsed()
+    );
     let lease = terminal_once_lease(
         &ctx,
         &ns,
