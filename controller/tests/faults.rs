@@ -343,3 +343,35 @@ async fn a_stale_cached_object_decides_nothing() {
     assert!(h.job_pods("stale").await.is_empty());
     h.cleanup().await;
 }
+
+/// The last attempt's lease expires while its pod may still run: instead of recording
+/// `AttemptsExhausted` over an unknown outcome, the pod is stopped and its outcome recorded (a
+/// success here).
+#[tokio::test]
+async fn a_silent_last_attempt_is_stopped_and_its_outcome_recorded() {
+    let h = Harness::new("it-last").await;
+    h.create_job(
+        "last",
+        json!({"maxAttempts": 1, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("last", 1).await;
+    h.bind_pod("last-once-1", "node-without-kubelet").await;
+    h.start_pod("last-once-1").await;
+    h.sidecar_started("last", "last-once").await;
+    h.advance(Duration::from_secs(36));
+    h.settle("last", 2).await;
+    let lease = h.lease("last", "last-once").await.unwrap();
+    assert_eq!(
+        (lease.epoch, state(&lease).status.as_str()),
+        (1, "running"),
+        "not failed while the outcome is unknown"
+    );
+    let pod = h.pods().get("last-once-1").await.unwrap();
+    assert!(pod.metadata.deletion_timestamp.is_some(), "being stopped");
+    h.finish_pod("last-once-1", 0).await;
+    h.settle("last", 2).await;
+    let st = state(&h.lease("last", "last-once").await.unwrap());
+    assert_eq!((st.status.as_str(), st.exit_code), ("succeeded", Some(0)));
+    h.cleanup().await;
+}

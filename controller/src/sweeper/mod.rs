@@ -220,6 +220,23 @@ async fn steal(
     lease: &LeaseInfo,
     pods: &RunPods,
 ) -> Result<RunReport, SweepError> {
+    // The last attempt's pod may still run (and succeed): a takeover would only record
+    // `AttemptsExhausted` over an outcome that is not known yet. Stop the pod and record how
+    // it ended instead.
+    let state = RunState::parse(&lease.state).map_err(|r| foreign(&run.run_id, r))?;
+    let current = pods.get(&lease.epoch);
+    if state.attempt >= scope.max_attempts()
+        && !state.never_started()
+        && current.is_some_and(|p| !pod_view(Some(p)).is_quiescent())
+    {
+        if let Some(pod) = current
+            && pod.metadata.deletion_timestamp.is_none()
+        {
+            tracing::info!(job = %scope.name, run = %run.run_id, pod = %pod.name_any(), "the last attempt's lease expired; stopping its pod to record how it ended");
+            pods::delete_pod(scope, &pod.name_any(), Stop::Fence).await?;
+        }
+        return Ok(active(Some(lease), current));
+    }
     let report = dispatch::dispatch(scope, run, Some(lease), pods).await?;
     let epoch = match &report {
         RunReport::Active { epoch, .. } => *epoch,
