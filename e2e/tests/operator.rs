@@ -48,6 +48,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+#[path = "operator/chaos.rs"]
+mod chaos;
 #[path = "operator/faults.rs"]
 mod faults;
 
@@ -1345,13 +1347,61 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
     )];
     let mut namespaces = Vec::new();
     let mut failures = Vec::new();
-    for batch in [&scenarios[..], &later[..]] {
-        run_batch(&ctx, batch, &mut namespaces, &mut failures).await;
+    // `COJOB_E2E_ONLY_CHAOS=1` (e2e/chaos/run) runs the chaos scenarios alone.
+    if std::env::var("COJOB_E2E_ONLY_CHAOS").is_err() {
+        for batch in [&scenarios[..], &later[..]] {
+            run_batch(&ctx, batch, &mut namespaces, &mut failures).await;
+        }
     }
+    run_chaos(&ctx, &mut namespaces, &mut failures).await;
     if !failures.is_empty() {
         failures.push(format!("controller logs:\n{}", controller_logs(&ctx).await));
     }
     finish(ctx, &run, started, namespaces, failures).await;
+}
+
+/// The chaos scenarios (`operator/chaos.rs`), one after the other: their faults hit the whole
+/// node (controllers, the S3 server). Prints the table that `docs/robustness.md` keeps.
+async fn run_chaos(
+    ctx: &Arc<Ctx>,
+    namespaces: &mut Vec<TestNamespace>,
+    failures: &mut Vec<String>,
+) {
+    let faults = match chaos::selected() {
+        Ok(f) => f,
+        Err(e) => {
+            failures.push(format!("chaos: {e:#}"));
+            return;
+        }
+    };
+    let mut table = vec![
+        "| scenario | fault period | ticks due | done once | duplicates | overlaps | misses | runs that needed a later epoch |".to_string(),
+        "|---|---|---|---|---|---|---|---|".to_string(),
+    ];
+    for fault in faults {
+        let ns = TestNamespace::create(&ctx.client, &format!("chaos-{}", fault.name())).await;
+        let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone())
+            .patch(
+                &ns.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {OWN_LABEL: "true"}}})),
+            )
+            .await;
+        match chaos::scenario(ctx.clone(), ns.name.clone(), fault).await {
+            Ok(row) => table.push(row),
+            Err(e) => {
+                println!("chaos {}: FAILED: {e:#}", fault.name());
+                failures.push(format!(
+                    "chaos {} (namespace {}): {e:#}\n{}",
+                    fault.name(),
+                    ns.name,
+                    diagnose(ctx, &ns.name).await
+                ));
+            }
+        }
+        namespaces.push(ns);
+    }
+    println!("chaos results:\n{}", table.join("\n"));
 }
 
 /// Runs scenarios concurrently, each in a namespace of its own, and collects their failures.

@@ -23,10 +23,10 @@
 //! acquisition's `dispatch` marker makes a second acquisition for the same dispatch attach
 //! instead of taking another epoch.
 
-mod cancel;
-mod complete;
-mod dispatch;
-mod holder;
+pub mod cancel;
+pub mod complete;
+pub mod dispatch;
+pub mod holder;
 pub mod pods;
 
 use std::collections::BTreeMap;

@@ -48,12 +48,46 @@ impl Ledger {
             .count()
     }
 
+    /// The lines whose first word is `kind` and whose run (second word) is `run`.
+    pub fn count_run(&self, kind: &str, run: &str) -> usize {
+        self.lines()
+            .iter()
+            .filter(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.first() == Some(&kind) && w.get(1) == Some(&run)
+            })
+            .count()
+    }
+
+    /// [`overlaps`](Self::overlaps), run by run, for a ledger shared by many runs.
+    pub fn overlaps_by_run(&self) -> Vec<String> {
+        let mut by_run: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for line in self.lines() {
+            if let Some(run) = line.split_whitespace().nth(1) {
+                by_run
+                    .entry(run.to_string())
+                    .or_default()
+                    .push(line.clone());
+            }
+        }
+        by_run
+            .values()
+            .flat_map(|lines| overlaps_in(lines))
+            .collect()
+    }
+
     /// Lines of another epoch appended after `epoch`'s `start`: two attempts were live at once.
     pub fn overlaps(&self) -> Vec<String> {
-        let lines = self.lines();
+        overlaps_in(&self.lines())
+    }
+}
+
+/// Lines of an epoch appended after a newer epoch's `start`, in one run's lines.
+fn overlaps_in(lines: &[String]) -> Vec<String> {
+    {
         let mut live_epochs: Vec<String> = Vec::new();
         let mut out = Vec::new();
-        for line in &lines {
+        for line in lines {
             let w: Vec<&str> = line.split_whitespace().collect();
             let (Some(kind), Some(epoch)) = (w.first(), w.get(2)) else {
                 continue;
@@ -69,7 +103,9 @@ impl Ledger {
         }
         out
     }
+}
 
+impl Ledger {
     /// The pod template: busybox running `script` with the ledger mounted.
     pub fn template(&self, script: &str, grace: i64) -> Value {
         json!({"spec": {
@@ -102,7 +138,7 @@ impl Ledger {
 
 /// The workload: `start`, a `beat` a second for `beats` seconds, then `end`, each line with its
 /// run and epoch.
-fn ledger_script(beats: u32, ignore_term: bool) -> String {
+pub fn ledger_script(beats: u32, ignore_term: bool) -> String {
     let trap = if ignore_term { "trap '' TERM; " } else { "" };
     format!(
         "{trap}L=/ledger/ledger; echo \"start $COJOB_RUN_ID $COJOB_EPOCH\" >> $L; i=0; \
@@ -161,7 +197,7 @@ async fn scale_controller(ctx: &Ctx, replicas: i32) -> anyhow::Result<()> {
 }
 
 /// The exit code of the pod's main container, once it terminated.
-fn main_exit(pod: &Pod) -> Option<i32> {
+pub fn main_exit(pod: &Pod) -> Option<i32> {
     pod.status
         .as_ref()?
         .container_statuses
@@ -260,7 +296,7 @@ pub async fn deleted_after_success(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
 }
 
 /// The PID of a run pod's sidecar process on this node (found through `/proc`).
-fn sidecar_pid(pod: &str) -> Option<i32> {
+pub fn sidecar_pid(pod: &str) -> Option<i32> {
     let want = format!("POD_NAME={pod}");
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
@@ -278,7 +314,7 @@ fn sidecar_pid(pod: &str) -> Option<i32> {
     None
 }
 
-fn signal(pid: i32, sig: &str) -> anyhow::Result<()> {
+pub fn signal(pid: i32, sig: &str) -> anyhow::Result<()> {
     let status = std::process::Command::new("kill")
         .args([sig, &pid.to_string()])
         .status()?;
