@@ -645,3 +645,48 @@ async fn store_requests_per_run_are_counted() {
     );
     h.cleanup().await;
 }
+
+/// A job's index or a tick claim that cojob did not write (corrupt, or another program's) is
+/// reported on the object and never overwritten; no tick is decided past it.
+#[tokio::test]
+async fn a_corrupt_index_or_tick_claim_is_reported_and_left_untouched() {
+    let h = Harness::new("it-corrupt").await;
+    h.create_job("idx", json!({"schedule": "* * * * *"})).await;
+    h.create_job("tick", json!({})).await;
+    let index = h.keys("idx").await.index();
+    let tick = h.keys("tick").await.tick(None);
+    for key in [&index, &tick] {
+        h.db.store()
+            .put(
+                key,
+                bytes::Bytes::from_static(br#"{"written_by":"someone else"}"#),
+                cojob::PutMode::IfAbsent,
+            )
+            .await
+            .unwrap();
+    }
+    h.advance(Duration::from_secs(61));
+    let cx = h.context(&Budget::unlimited());
+    for (name, key) in [("idx", &index), ("tick", &tick)] {
+        let err = h
+            .reconcile_with(&cx, name)
+            .await
+            .expect_err("a foreign document");
+        let (body, _) = h.db.store().get(key).await.unwrap().unwrap();
+        assert_eq!(
+            &body[..],
+            br#"{"written_by":"someone else"}"#,
+            "{name}: nothing overwritten ({err})"
+        );
+        let s = status(&h.job(name).await);
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "StoreUnavailable"),
+            "{name}"
+        );
+        assert!(ready.message.contains(key.as_str()), "{name}: {}", ready.message);
+        assert!(h.job_pods(name).await.is_empty(), "{name}: nothing ran");
+    }
+    h.cleanup().await;
+}
