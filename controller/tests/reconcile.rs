@@ -685,7 +685,11 @@ async fn a_corrupt_index_or_tick_claim_is_reported_and_left_untouched() {
             ("False", "StoreUnavailable"),
             "{name}"
         );
-        assert!(ready.message.contains(key.as_str()), "{name}: {}", ready.message);
+        assert!(
+            ready.message.contains(key.as_str()),
+            "{name}: {}",
+            ready.message
+        );
         assert!(h.job_pods(name).await.is_empty(), "{name}: nothing ran");
     }
     h.cleanup().await;
