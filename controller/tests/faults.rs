@@ -375,3 +375,30 @@ async fn a_silent_last_attempt_is_stopped_and_its_outcome_recorded() {
     assert_eq!((st.status.as_str(), st.exit_code), ("succeeded", Some(0)));
     h.cleanup().await;
 }
+
+/// No run starts on an object without the controller's finalizer: when adding it conflicts
+/// (the cached copy is stale), the pass stops there and comes back.
+#[tokio::test]
+async fn no_run_starts_before_the_finalizer_is_on_the_object() {
+    let h = Harness::new("it-fin409").await;
+    h.create_job("early", json!({})).await;
+    let stale = h.job("early").await;
+    let label = json!({"metadata": {"labels": {"changed": "yes"}}});
+    h.jobs()
+        .patch(
+            "early",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&label),
+        )
+        .await
+        .unwrap();
+    let cx = h.context(&support::Budget::unlimited());
+    cojob_controller::reconcile::reconcile(std::sync::Arc::new(stale), cx)
+        .await
+        .expect("a conflict is not an error");
+    assert!(h.job_pods("early").await.is_empty(), "nothing ran");
+    assert!(h.decisions("early").await.is_empty(), "nothing decided");
+    h.settle("early", 2).await;
+    assert_eq!(h.live_pod_names("early").await, ["early-once-1"]);
+    h.cleanup().await;
+}

@@ -1,0 +1,84 @@
+//! A deleted CoordinatedJob: cancel its runs, release its pods, then let it go.
+
+use super::*;
+
+/// Changes the finalizers, guarded by the object's resourceVersion.
+pub(super) async fn set_finalizers(
+    scope: &JobScope<'_>,
+    change: impl FnOnce(&mut Vec<String>),
+) -> Result<(), Error> {
+    let mut finalizers = scope.job.finalizers().to_vec();
+    change(&mut finalizers);
+    let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": scope.job.resource_version(),
+    }});
+    api.patch(&scope.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// A deleted object: cancel its active runs cooperatively, record them, then let it go.
+pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
+    if !scope.job.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let doc = scope.cx.db.doc::<JobIndex>(&scope.keys.index());
+    let known = doc.get().await?;
+    let index = index_of(&known);
+    let pods = list_pods(scope).await?;
+    let empty = RunPods::new();
+    for run in &index.active {
+        match sweeper::cancel_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await {
+            Ok(_) | Err(SweepError::Foreign { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let swept = sweep(scope, &index.active, &pods).await;
+    let limits = history_limits(&scope.job.spec);
+    let known = update_index(&doc, known, |i| {
+        i.record_finished(&swept.finished, limits);
+    })
+    .await?;
+    let index = index_of(&known);
+    // Runs whose lease holds something cojob did not write are left as they are; they do not
+    // keep the object from going.
+    let foreign: Vec<&str> = swept
+        .errors
+        .iter()
+        .filter(|(_, e)| matches!(e, SweepError::Foreign { .. }))
+        .map(|(r, _)| r.as_str())
+        .collect();
+    if index
+        .active
+        .iter()
+        .any(|r| !foreign.contains(&r.run_id.as_str()))
+    {
+        tracing::info!(job = %scope.name, active = index.active.len(), "waiting for runs to stop before removing the finalizer");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    // Every run is over: the pods' outcomes are recorded, so their result finalizers go once
+    // nothing of them runs. The object waits for pods still stopping, so no pod outlives it
+    // with a finalizer nobody would remove.
+    let pods = list_pods(scope).await?; // as they are after the cancels
+    let mut stopping = Vec::new();
+    for pod in pods.values().flat_map(|p| p.values()) {
+        if !sweeper::pods::has_result_finalizer(pod) {
+            continue;
+        }
+        if sweeper::pod_view(Some(pod)).is_quiescent() {
+            sweeper::pods::release_finalizer(scope, pod).await?;
+        } else {
+            sweeper::pods::stop_live_pods(scope, vec![pod], sweeper::Stop::Graceful).await?;
+            stopping.push(pod.name_any());
+        }
+    }
+    if !stopping.is_empty() {
+        tracing::info!(job = %scope.name, ?stopping, "waiting for pods to stop before removing the finalizer");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
+    set_finalizers(scope, |f| f.retain(|x| x != FINALIZER)).await?;
+    tracing::info!(job = %scope.name, "active runs cancelled; finalizer removed");
+    Ok(Action::await_change())
+}

@@ -1,0 +1,418 @@
+//! Reconcile: turns a CoordinatedJob's schedule into exactly-once runs.
+//!
+//! One pass, for one object:
+//!
+//! 1. **Finalizer.** A deleted object cancels its active runs first (see [`finalize`]).
+//! 2. **Spec.** A schedule the schema let through but cron cannot parse becomes a `Ready=False`
+//!    condition and an `InvalidSpec` Event; nothing else happens until the spec changes.
+//! 3. **Sweep.** Every active run in the job's index is driven one step
+//!    ([`sweeper::sync_run`]); finished runs move to the history.
+//! 4. **Ticks** (`ticks`). The schedule in force is recorded (an edit applies from when it is
+//!    seen); every tick due since the cursor is claimed in the bucket with its decision, a run
+//!    id, a skip or a miss, after a quorum read of the object; a lost claim converges on the
+//!    winner's decision (G1). New runs are dispatched at once.
+//! 5. **Garbage** (`gc`). Pods of runs that left the active list lose their result finalizer
+//!    once their outcome is recorded; pods of runs that left the history are deleted.
+//! 6. **Status** (`status`). The status is patched by server-side apply, only when it changed,
+//!    and the object is requeued for its next tick or the next sweep, whichever comes first.
+//!
+//! Every write that matters is conditional in the bucket, so two controllers reconciling the
+//! same object at once stay correct without leader election.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use cojob::{Doc, Version};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use crate::context::{Context, JobScope, MissingField};
+use crate::crd::{
+    CatchUpPolicy, ConcurrencyPolicy, CoordinatedJob, CoordinatedJobSpec, CoordinatedJobStatus,
+    RunCounters, RunStatus,
+};
+use crate::index::{ActiveRun, Decision, FinishedRun, HistoryLimits, JobIndex};
+use crate::layout::run_id;
+use crate::pod::LABEL_JOB;
+use crate::schedule::{CatchUp, Schedule, ScheduleError};
+use crate::sweeper::{self, RunPods, RunReport, SweepError};
+
+mod finalize;
+mod gc;
+mod status;
+mod ticks;
+
+pub use finalize::finalize;
+use finalize::set_finalizers;
+use gc::collect_garbage;
+use status::{build_status, patch_status, report_not_ready};
+use ticks::{decide_ticks, schedule_fingerprint};
+
+/// The finalizer that lets active runs be cancelled before the object goes.
+pub const FINALIZER: &str = "cojob.dev/cancel-runs";
+/// The server-side apply field manager of the status.
+pub const FIELD_MANAGER: &str = "cojob-controller";
+/// The condition type reconcile maintains.
+pub const READY: &str = "Ready";
+/// The longest pause between two reconciles of an idle object.
+pub const IDLE_RESYNC: Duration = Duration::from_secs(300);
+
+/// A failed reconcile. The controller logs it, records it in the status and retries later.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bucket failed.
+    #[error("store: {0}")]
+    Store(#[from] cojob::Error),
+    /// The Kubernetes API failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Driving a run failed.
+    #[error(transparent)]
+    Sweep(#[from] SweepError),
+    /// The object lacks a field the API server always sets.
+    #[error(transparent)]
+    Missing(#[from] MissingField),
+}
+
+impl Error {
+    /// True when the bucket is at fault (reported as `StoreUnavailable`).
+    pub fn is_store(&self) -> bool {
+        matches!(
+            self,
+            Error::Store(_) | Error::Sweep(SweepError::Store(_) | SweepError::Foreign { .. })
+        )
+    }
+}
+
+/// Parses the spec's schedule; `None` for a job without one.
+pub fn parse_schedule(spec: &CoordinatedJobSpec) -> Result<Option<Schedule>, ScheduleError> {
+    spec.schedule
+        .as_deref()
+        .map(|s| Schedule::parse(s, spec.time_zone.as_deref()))
+        .transpose()
+}
+
+/// Reconciles one CoordinatedJob.
+pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Action, Error> {
+    let scope = JobScope::new(&cx, &job)?;
+    if job.metadata.deletion_timestamp.is_some() {
+        return finalize(&scope).await;
+    }
+    if !job.finalizers().iter().any(|f| f == FINALIZER) {
+        match set_finalizers(&scope, |f| f.push(FINALIZER.into())).await {
+            Ok(()) => {}
+            // Modified meanwhile (often by another replica adding the same finalizer). No run
+            // may start on an object without the finalizer (its deletion could not cancel
+            // them), so stop here; the change comes back through the watch.
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
+                tracing::debug!(job = %scope.name, "finalizer not added yet: the object changed");
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let schedule = match parse_schedule(&job.spec) {
+        Ok(s) => s,
+        Err(e) => {
+            report_not_ready(&scope, "InvalidSpec", &e.to_string()).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    match sync(&scope, schedule.as_ref()).await {
+        Ok(synced) => {
+            let status = build_status(&scope, &synced);
+            patch_status(&scope, status).await?;
+            Ok(Action::requeue(synced.requeue))
+        }
+        Err(e) => {
+            if e.is_store() {
+                // The API server may be the one failing; the error is returned either way.
+                let _ = report_not_ready(&scope, "StoreUnavailable", &e.to_string()).await;
+            }
+            Err(e)
+        }
+    }
+}
+
+/// What a successful pass found.
+#[derive(Debug)]
+pub struct Synced {
+    /// The index after this pass.
+    pub index: JobIndex,
+    /// The active runs, as reported by the sweeper.
+    pub active: Vec<RunStatus>,
+    /// The next tick.
+    pub next: Option<DateTime<Utc>>,
+    /// When to come back.
+    pub requeue: Duration,
+}
+
+fn history_limits(spec: &CoordinatedJobSpec) -> HistoryLimits {
+    HistoryLimits {
+        successful: usize::try_from(spec.successful_runs_history_limit).unwrap_or(0),
+        failed: usize::try_from(spec.failed_runs_history_limit).unwrap_or(0),
+    }
+}
+
+async fn list_pods(scope: &JobScope<'_>) -> Result<BTreeMap<String, RunPods>, Error> {
+    let lp = ListParams::default().labels(&format!("{LABEL_JOB}={}", scope.name));
+    let pods = scope.pods.list(&lp).await?.items;
+    Ok(sweeper::group_pods(scope, pods))
+}
+
+/// What a sweep of some runs found.
+#[derive(Default)]
+struct Swept {
+    active: Vec<RunStatus>,
+    finished: Vec<FinishedRun>,
+    /// Runs that could not be driven, with why. One run's trouble never stops the others or
+    /// the tick decisions; it is reported after the pass.
+    errors: Vec<(String, SweepError)>,
+}
+
+/// Sweeps the given runs.
+async fn sweep(
+    scope: &JobScope<'_>,
+    runs: &[ActiveRun],
+    pods: &BTreeMap<String, RunPods>,
+) -> Swept {
+    let empty = RunPods::new();
+    let mut out = Swept::default();
+    for run in runs {
+        match sweeper::sync_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await {
+            Ok(RunReport::Active {
+                epoch,
+                attempt,
+                pod,
+                phase,
+            }) => out.active.push(RunStatus {
+                run_id: run.run_id.clone(),
+                tick: run.fire_time.clone().unwrap_or_else(|| "once".into()),
+                epoch: i64::try_from(epoch).unwrap_or(i64::MAX),
+                attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
+                pod,
+                phase: phase.as_str().into(),
+            }),
+            Ok(RunReport::Finished(f)) => out.finished.push(f),
+            Err(e) => {
+                tracing::warn!(job = %scope.name, run = %run.run_id, error = %e, "could not sync a run");
+                out.errors.push((run.run_id.clone(), e));
+            }
+        }
+    }
+    out
+}
+
+/// The index as last read or written, with its version (`None`: not stored yet).
+type KnownIndex = Option<(JobIndex, Version)>;
+
+fn index_of(known: &KnownIndex) -> JobIndex {
+    known.as_ref().map(|(i, _)| i.clone()).unwrap_or_default()
+}
+
+/// Applies `change` to the index by compare-and-swap from the known version (no extra read),
+/// unless it changes nothing.
+async fn update_index(
+    doc: &Doc<JobIndex>,
+    known: KnownIndex,
+    mut change: impl FnMut(&mut JobIndex),
+) -> Result<KnownIndex, Error> {
+    let mut preview = index_of(&known);
+    change(&mut preview);
+    if preview == index_of(&known) {
+        return Ok(known);
+    }
+    let stored = doc
+        .update_from(
+            known,
+            |mut i| {
+                change(&mut i);
+                Ok::<_, cojob::BoxError>(i)
+            },
+            Some(JobIndex::default()),
+        )
+        .await?;
+    Ok(Some(stored))
+}
+
+async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synced, Error> {
+    let db = &scope.cx.db;
+    let spec = &scope.job.spec;
+    let doc = db.doc::<JobIndex>(&scope.keys.index());
+    let mut known = doc.get().await?;
+    let pods = list_pods(scope).await?;
+    let limits = history_limits(spec);
+
+    // Sweep the active runs first, so the concurrency policy sees runs that just ended.
+    let runs = index_of(&known).active;
+    let Swept {
+        mut active,
+        finished,
+        mut errors,
+    } = sweep(scope, &runs, &pods).await;
+    let mut dropped = Vec::new();
+    if !finished.is_empty() {
+        known = update_index(&doc, known, |i| {
+            dropped = i.record_finished(&finished, limits);
+        })
+        .await?;
+    }
+
+    // Follow the schedule the spec has now: an edit applies from when it is seen.
+    let now = db.clock().now();
+    if let (Some(fingerprint), Some(expr)) = (schedule_fingerprint(spec), &spec.schedule) {
+        let mut edited = false;
+        known = update_index(&doc, known, |i| {
+            edited = i.record_schedule(&fingerprint, now)
+        })
+        .await?;
+        if edited {
+            scope
+                .normal(
+                    "ScheduleChanged",
+                    format!(
+                        "schedule is now {expr:?}; it applies to ticks after {}",
+                        cojob::json::format_time(now)
+                    ),
+                )
+                .await;
+        }
+    }
+    // Decide the due ticks.
+    let (decisions, next, missed_before) =
+        decide_ticks(scope, schedule, &index_of(&known), now).await?;
+    if !decisions.is_empty() || missed_before.is_some() {
+        known = update_index(&doc, known, |i| {
+            if let Some(before) = missed_before {
+                i.record_missed_range(before);
+            }
+            i.record_decisions(&decisions);
+        })
+        .await?;
+    }
+    let index = index_of(&known);
+    let new_runs: Vec<ActiveRun> = index
+        .active
+        .iter()
+        .filter(|r| !runs.iter().any(|s| s.run_id == r.run_id))
+        .cloned()
+        .collect();
+    if spec.concurrency_policy == ConcurrencyPolicy::Replace {
+        replace_older_runs(scope, &index, &pods).await?;
+    }
+    let started = sweep(scope, &new_runs, &pods).await;
+    active.extend(started.active);
+    errors.extend(started.errors);
+    if !started.finished.is_empty() {
+        known = update_index(&doc, known, |i| {
+            dropped.extend(i.record_finished(&started.finished, limits));
+        })
+        .await?;
+    }
+    let index = index_of(&known);
+    collect_garbage(scope, &index, &pods, &dropped).await?;
+    active.retain(|a| index.active.iter().any(|r| r.run_id == a.run_id));
+
+    let until_next =
+        next.map(|n| (n - now).to_std().unwrap_or_default() + Duration::from_millis(50));
+    let mut requeue = until_next.unwrap_or(IDLE_RESYNC).min(IDLE_RESYNC);
+    if !index.active.is_empty() {
+        // At least every sweep interval, and every third of the ttl, so a pending pod's lease
+        // is renewed in time and an expired one is found within ttl + ttl/3.
+        requeue = requeue
+            .min(scope.cx.settings.sweep_interval)
+            .min(scope.ttl() / 3);
+    }
+    if let Some((run, e)) = errors.into_iter().next() {
+        tracing::warn!(job = %scope.name, %run, "a run could not be driven; reporting it");
+        return Err(e.into());
+    }
+    Ok(Synced {
+        index,
+        active,
+        next,
+        requeue: requeue.max(Duration::from_millis(100)),
+    })
+}
+
+/// `concurrencyPolicy: Replace`: cancels every active run but the newest, on every pass until
+/// they are cancelled, so a crash or a failed cancel is retried.
+async fn replace_older_runs(
+    scope: &JobScope<'_>,
+    index: &JobIndex,
+    pods: &BTreeMap<String, RunPods>,
+) -> Result<(), Error> {
+    let Some(newest) = index
+        .active
+        .iter()
+        .max_by(|a, b| a.fire_time.cmp(&b.fire_time))
+    else {
+        return Ok(());
+    };
+    let empty = RunPods::new();
+    for old in index.active.iter().filter(|r| r.run_id != newest.run_id) {
+        let done = sweeper::cancel_run(scope, old, pods.get(&old.run_id).unwrap_or(&empty)).await?;
+        if done {
+            scope
+                .normal(
+                    "RunReplaced",
+                    format!(
+                        "run {} cancelled: run {} replaces it",
+                        old.run_id, newest.run_id
+                    ),
+                )
+                .await;
+        }
+    }
+    Ok(())
+}
+
+/// What to do after a failed reconcile: retry after a pause, never at once.
+pub fn error_policy(job: Arc<CoordinatedJob>, error: &Error, _cx: Arc<Context>) -> Action {
+    tracing::warn!(job = %job.name_any(), namespace = job.namespace().unwrap_or_default(), error = %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Runs the controller until SIGTERM or SIGINT: watches CoordinatedJobs (in `namespace`, or
+/// everywhere) and the pods they own.
+pub async fn run(cx: Arc<Context>, namespace: Option<&str>) -> Result<(), kube::Error> {
+    let client = cx.client.clone();
+    let (jobs, pods): (Api<CoordinatedJob>, Api<Pod>) = match namespace {
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client, ns),
+        ),
+        None => (Api::all(client.clone()), Api::all(client)),
+    };
+    // Wait, with the API server's message in the log, while the CRD is not established yet
+    // (a chart installs it together with this Deployment) or RBAC is wrong.
+    let mut attempt = 0u32;
+    while let Err(e) = jobs.list(&ListParams::default().limit(1)).await {
+        attempt += 1;
+        if attempt >= 60 {
+            return Err(e);
+        }
+        tracing::warn!(error = %e, "cannot list CoordinatedJobs yet (CRD not established, or RBAC); retrying");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    Controller::new(jobs, watcher::Config::default())
+        .owns(pods, watcher::Config::default().labels(LABEL_JOB))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, cx)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(%object, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile did not complete"),
+            }
+        })
+        .await;
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! Tick decisions: which ticks are due since the cursor, claimed once each in the bucket.
+
+use super::*;
+
+/// The schedule and time zone as the index records them; `None` without a schedule.
+pub(super) fn schedule_fingerprint(spec: &CoordinatedJobSpec) -> Option<String> {
+    let expr = spec.schedule.as_deref()?;
+    let words: Vec<&str> = expr.split_whitespace().collect();
+    Some(format!(
+        "{} {}",
+        words.join(" "),
+        spec.time_zone.as_deref().unwrap_or("UTC")
+    ))
+}
+
+pub(super) type TickDecisions = Vec<(Option<DateTime<Utc>>, Decision)>;
+
+/// Claims the decision of every due tick; returns them oldest first with the next tick and
+/// the start of the ticks after a long outage, if any.
+pub(super) async fn decide_ticks(
+    scope: &JobScope<'_>,
+    schedule: Option<&Schedule>,
+    index: &JobIndex,
+    now: DateTime<Utc>,
+) -> Result<(TickDecisions, Option<DateTime<Utc>>, Option<DateTime<Utc>>), Error> {
+    let spec = &scope.job.spec;
+    let Some(schedule) = schedule else {
+        if index.once_decided || spec.suspend {
+            return Ok((Vec::new(), None, None));
+        }
+        let decision = claim(scope, None, Decision::RunId(run_id(&scope.name, None))).await?;
+        return Ok((vec![(None, decision)], None, None));
+    };
+    let created = scope
+        .job
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()))
+        .unwrap_or(now);
+    // The status mirrors the cursor, so an index lost to a bucket lifecycle rule (or a
+    // restore) never makes old ticks due again.
+    let mirrored = scope
+        .job
+        .status
+        .as_ref()
+        .and_then(|s| s.last_schedule_time.as_ref())
+        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()));
+    let since = index.cursor_time().max(mirrored).unwrap_or(created);
+    let catch_up = match spec.catch_up {
+        CatchUpPolicy::Latest => CatchUp::Latest,
+        CatchUpPolicy::All => CatchUp::All,
+        CatchUpPolicy::None => CatchUp::None,
+    };
+    let deadline = spec
+        .starting_deadline_seconds
+        .map(|s| Duration::from_secs(s.max(0).unsigned_abs()));
+    let plan = schedule.plan(since, now, deadline, catch_up);
+    let mut proposals: Vec<(DateTime<Utc>, Decision)> = plan
+        .missed
+        .iter()
+        .map(|(t, why)| (*t, Decision::Missed(why.as_str().into())))
+        .collect();
+    let mut busy = !index.active.is_empty();
+    let forbid = spec.concurrency_policy == ConcurrencyPolicy::Forbid;
+    for t in &plan.run {
+        proposals.push((*t, Decision::RunId(run_id(&scope.name, Some(*t)))));
+    }
+    proposals.sort_by_key(|(t, _)| *t);
+    if !proposals.is_empty() && !still_current(scope).await? {
+        return Ok((Vec::new(), plan.next, None));
+    }
+    let mut out = Vec::with_capacity(proposals.len());
+    for (t, proposal) in proposals {
+        let proposal = match proposal {
+            Decision::RunId(_) if spec.suspend => Decision::Skipped("Suspended".into()),
+            Decision::RunId(_) if forbid && busy => Decision::Skipped("ConcurrencyForbid".into()),
+            other => other,
+        };
+        let decision = claim(scope, Some(t), proposal).await?;
+        if matches!(decision, Decision::RunId(_)) {
+            busy = true;
+        }
+        out.push((Some(t), decision));
+    }
+    Ok((out, plan.next, plan.missed_before))
+}
+
+/// A quorum read of the object before anything is claimed for it: the informer's copy may lag,
+/// and a replica must not decide ticks for an object that was deleted, recreated (another
+/// UID), suspended or edited since. `false`: skip this pass; the watch brings the news.
+pub(super) async fn still_current(scope: &JobScope<'_>) -> Result<bool, Error> {
+    let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
+    let fresh = api.get_opt(&scope.name).await?;
+    let current = fresh.as_ref().is_some_and(|f| {
+        f.uid().as_deref() == Some(scope.uid.as_str())
+            && f.metadata.deletion_timestamp.is_none()
+            && f.metadata.generation == scope.job.metadata.generation
+    });
+    if !current {
+        tracing::info!(job = %scope.name, "the cached object is stale; deciding nothing this pass");
+    }
+    Ok(current)
+}
+
+/// Claims one tick's decision; returns the winner's, announcing it when it is ours.
+pub(super) async fn claim(
+    scope: &JobScope<'_>,
+    tick: Option<DateTime<Utc>>,
+    proposal: Decision,
+) -> Result<Decision, Error> {
+    let key = scope.keys.tick(tick);
+    let claim = scope.cx.db.claim(&key, &proposal).await?;
+    if claim.won {
+        let at = tick.map_or_else(|| "once".to_string(), cojob::json::format_time);
+        match &claim.value {
+            Decision::RunId(id) => {
+                tracing::info!(job = %scope.name, tick = %at, run = %id, "tick claimed")
+            }
+            Decision::Skipped(why) => {
+                scope
+                    .normal("RunSkipped", format!("tick {at} skipped: {why}"))
+                    .await
+            }
+            Decision::Missed(why) => {
+                scope
+                    .warning("RunMissed", format!("tick {at} missed: {why}"))
+                    .await
+            }
+        }
+    }
+    Ok(claim.value)
+}
