@@ -402,3 +402,56 @@ async fn no_run_starts_before_the_finalizer_is_on_the_object() {
     assert_eq!(h.live_pod_names("early").await, ["early-once-1"]);
     h.cleanup().await;
 }
+
+/// Deleting a job stops a running workload gracefully and records how it ended: `cancelled`
+/// when it was cut short, `succeeded` when it still finished (its effect happened).
+#[tokio::test]
+async fn a_cancelled_run_records_how_its_workload_ended() {
+    let h = Harness::new("it-cancel").await;
+    for name in ["cut", "done"] {
+        h.create_job(name, json!({"lease": {"ttlSeconds": 30}}))
+            .await;
+        h.settle(name, 1).await;
+        let pod = format!("{name}-once-1");
+        h.bind_pod(&pod, "node-without-kubelet").await;
+        h.start_pod(&pod).await;
+        h.sidecar_started(name, &format!("{name}-once")).await;
+    }
+    let keys = [("cut", h.keys("cut").await), ("done", h.keys("done").await)];
+    for (name, _) in &keys {
+        h.jobs().delete(name, &Default::default()).await.unwrap();
+        h.settle(name, 1).await;
+        let pod = h.pods().get(&format!("{name}-once-1")).await.unwrap();
+        assert!(
+            pod.metadata.deletion_timestamp.is_some(),
+            "{name}: stopping"
+        );
+    }
+    h.finish_pod("cut-once-1", 143).await;
+    h.finish_pod("done-once-1", 0).await;
+    for (name, keys) in &keys {
+        h.settle(name, 3).await;
+        let lease =
+            h.db.inspect_lease(&keys.lease(&format!("{name}-once")))
+                .await
+                .unwrap()
+                .unwrap();
+        let want = if *name == "cut" {
+            "cancelled"
+        } else {
+            "succeeded"
+        };
+        assert_eq!(state(&lease).status.as_str(), want, "{name}");
+        for _ in 0..50 {
+            if h.jobs().get_opt(name).await.unwrap().is_none() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            h.jobs().get_opt(name).await.unwrap().is_none(),
+            "{name}: gone"
+        );
+    }
+    h.cleanup().await;
+}

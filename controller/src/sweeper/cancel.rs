@@ -10,9 +10,11 @@ use crate::index::ActiveRun;
 use crate::run::{self, PodView, RunPhase, RunState};
 
 /// Cancels a run cooperatively: marks `cancel_requested` (the sidecar shows it to the
-/// workload), then, holding the lease through its Secret, releases it as `cancelled` and
-/// deletes the live pod. A run that was never dispatched is recorded as cancelled so it never
-/// starts. Returns true once the run is terminal.
+/// workload). An attempt whose workload never started is released as `cancelled` at once and
+/// its pod deleted; one whose workload runs is stopped (with its grace period), and its outcome
+/// is recorded when the pod ends: `cancelled`, or `succeeded` if the workload still exited 0,
+/// since its effect happened. A run that was never dispatched is recorded as cancelled so it
+/// never starts. Returns true once the run is terminal.
 pub async fn cancel_run(
     scope: &JobScope<'_>,
     run: &ActiveRun,
@@ -64,6 +66,15 @@ pub async fn cancel_run(
     .await?;
     if let PodView::Ended(_) = pods::pod_view(pods.get(&lease.epoch)) {
         return Ok(false); // the sweeper completes it (as cancelled unless it succeeded)
+    }
+    let started = RunState::parse(&lease.state)
+        .map_err(|r| foreign(&run.run_id, r))?
+        .started_at
+        .is_some();
+    if started {
+        // The workload may still finish: stop it, and let the sweeper record how it ended.
+        pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
+        return Ok(false);
     }
     let Some(holder) =
         holder::read_holder(scope, &holder::secret_name(&run.run_id, lease.epoch)).await?
