@@ -69,8 +69,9 @@ pub const MAX_EPOCHS: usize = 8;
 /// A time, true or local, in abstract ticks.
 pub type Time = i16;
 
-/// The design rules under test. [`Rules::NEW`] is the design being implemented; each
-/// field set to `false` brings back one rule of the older design.
+/// The design rules under test. [`Rules::NEW`] is the design as implemented; each field set
+/// to `false` brings back one rule of an older design, and [`Rules::PROPOSED`] adds the rules
+/// that the checker shows are still needed for [`prop::NO_FAILURE_OVER_SUCCESS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rules {
     /// The controller creates a new epoch's pod only once every pod of an older epoch is
@@ -88,35 +89,80 @@ pub struct Rules {
     /// The tick is claimed with put-if-absent, so the loser converges on the winner's
     /// decision. Off: a blind put, after which each controller believes its own decision.
     pub claim_put_if_absent: bool,
+    /// The last-attempt rule (the sweeper's `steal`): a lease past its deadline plus the
+    /// allowance whose attempt is the last one allowed, started, and whose pod is not
+    /// quiescent is not stolen; the controller marks that pod deleting and waits, and
+    /// `Complete` records how it ended. Off: the steal records `failed` (`AttemptsExhausted`)
+    /// at once while the pod may still run.
+    pub last_attempt_waits: bool,
+    /// The cancel of `cancel_run`: `cancel_requested` is written first; an attempt that never
+    /// started is released as `cancelled`, but one that started is only stopped (its live
+    /// pods marked deleting) and `Complete` records how it ended (`succeeded` wins). Off: the
+    /// old cancel, which releases the run as `cancelled` while its workload may still run.
+    pub cancel_waits_for_started: bool,
+    /// Proposed, not implemented: a steal or a cancel writes `failed` or `cancelled` only while
+    /// every pod of the run is quiescent and none succeeded. A steal whose acquisition would
+    /// end the run (a cancel was requested) fences the live pods and waits, like the
+    /// last-attempt rule; a cancel that would take the lease over, or release it as
+    /// `cancelled`, while a pod is live or succeeded only writes `cancel_requested` and stops
+    /// the live pods, and `Complete` records the outcome.
+    pub terminal_waits_for_pods: bool,
+    /// Proposed, not implemented: the cancel's release of an attempt that never started is
+    /// computed on the freshest state and refuses once the sidecar recorded a start (as the
+    /// start timeout does). Implemented: `run::cancel` refuses only a terminal state, so a
+    /// sidecar's attach that lands between the cancel's read and its release is absorbed and
+    /// overwritten with `cancelled`.
+    pub cancel_release_refuses_started: bool,
 }
 
 impl Rules {
-    /// The design being implemented: every rule on.
+    /// The design as implemented in `cojob-controller`.
     pub const NEW: Rules = Rules {
         wait_for_quiescent_predecessors: true,
         pod_finalizer: true,
         success_of_any_epoch_completes: true,
         claim_put_if_absent: true,
+        last_attempt_waits: true,
+        cancel_waits_for_started: true,
+        terminal_waits_for_pods: false,
+        cancel_release_refuses_started: false,
+    };
+
+    /// [`Rules::NEW`] with the two proposed rules that close the remaining ways a success is
+    /// recorded as a failure or a cancel.
+    pub const PROPOSED: Rules = Rules {
+        terminal_waits_for_pods: true,
+        cancel_release_refuses_started: true,
+        ..Rules::NEW
     };
 
     /// The old design of the run protocol: the pod is created on steal, there is no pod
-    /// finalizer, and only the current epoch's pod completes the run. (The tick claim was
-    /// always put-if-absent.)
+    /// finalizer, only the current epoch's pod completes the run, the last attempt is stolen
+    /// like any other, and a cancel releases the run at once. (The tick claim was always
+    /// put-if-absent.)
     pub const OLD: Rules = Rules {
         wait_for_quiescent_predecessors: false,
         pod_finalizer: false,
         success_of_any_epoch_completes: false,
         claim_put_if_absent: true,
+        last_attempt_waits: false,
+        cancel_waits_for_started: false,
+        terminal_waits_for_pods: false,
+        cancel_release_refuses_started: false,
     };
 }
 
 impl Rules {
     /// The names [`Rules::named`] knows, each with a one-line description.
-    pub const NAMES: [(&'static str, &'static str); 6] = [
-        ("new", "the design being implemented (every rule on)"),
+    pub const NAMES: [(&'static str, &'static str); 9] = [
+        ("new", "the design as implemented"),
+        (
+            "proposed",
+            "new, and failed/cancelled only while no pod is live, cancel release refuses a start",
+        ),
         (
             "old",
-            "create on steal, no pod finalizer, current epoch only",
+            "create on steal, no pod finalizer, current epoch only, steal the last attempt, cancel at once",
         ),
         (
             "create-on-steal",
@@ -131,6 +177,14 @@ impl Rules {
             "blind-claim",
             "new, but the tick is claimed with a blind put",
         ),
+        (
+            "steal-last-attempt",
+            "new, but the last attempt is stolen (recorded failed) while its pod runs",
+        ),
+        (
+            "cancel-at-once",
+            "new, but a cancel releases the run as cancelled while its workload runs",
+        ),
     ];
 
     /// The rules of that name (see [`Rules::NAMES`]).
@@ -138,6 +192,7 @@ impl Rules {
         let new = Rules::NEW;
         Some(match name {
             "new" => new,
+            "proposed" => Rules::PROPOSED,
             "old" => Rules::OLD,
             "create-on-steal" => Rules {
                 wait_for_quiescent_predecessors: false,
@@ -153,6 +208,14 @@ impl Rules {
             },
             "blind-claim" => Rules {
                 claim_put_if_absent: false,
+                ..new
+            },
+            "steal-last-attempt" => Rules {
+                last_attempt_waits: false,
+                ..new
+            },
+            "cancel-at-once" => Rules {
+                cancel_waits_for_started: false,
                 ..new
             },
             _ => return None,
@@ -183,7 +246,8 @@ pub struct Bounds {
     pub max_time: Time,
     /// The most epochs; an acquisition past it is not explored. At most [`MAX_EPOCHS`].
     pub max_epochs: u8,
-    /// Whether the cancel path (request, release as cancelled, delete the pods) is explored.
+    /// Whether the cancel path (`cancel_run`: request, stop the pods, release as cancelled) is
+    /// explored.
     pub cancel: bool,
 }
 
@@ -405,8 +469,13 @@ pub struct State {
     pub claimed: bool,
     /// With a blind put: the controllers that wrote the claim (bit per controller).
     pub claim_writers: u8,
-    /// The lease document, once the run was first dispatched.
+    /// The lease document, once the run was first dispatched (or cancelled).
     pub lease: Option<Lease>,
+    /// A cancel that read an attempt that never started and will release the lease of this
+    /// epoch as `cancelled` with the epoch's holder ([`Action::ReleaseCancelled`]): the
+    /// decision and the write are two steps of `cancel_run`. Only with
+    /// [`Rules::cancel_waits_for_started`]; forgotten once the write could no longer succeed.
+    pub cancel_release: Option<u8>,
     /// The pod of each epoch; index `e - 1` holds epoch `e`'s.
     pub pods: [PodSlot; MAX_EPOCHS],
     /// History variables for the properties.
@@ -491,10 +560,36 @@ pub enum Action {
         /// The pod's epoch.
         epoch: u8,
     },
-    /// A controller writes `cancel_requested`.
-    RequestCancel,
-    /// A controller releases a cancel-requested run as cancelled.
+    /// A controller runs `cancel_run` (with [`Rules::cancel_waits_for_started`]): if the lease
+    /// is absent, released, or held past its deadline by the controller's clock (no
+    /// allowance), it takes the lease over as `cancelled` and stops the live pods; otherwise it
+    /// writes `cancel_requested` and, unless the current pod ended, stops the live pods (the
+    /// attempt started) or decides to release the lease as `cancelled` (it never started).
+    /// With the old cancel: writes `cancel_requested`.
+    Cancel {
+        /// The controller, whose clock is read.
+        controller: u8,
+    },
+    /// The second step of a cancel of an attempt that never started: release the lease of
+    /// that epoch as `cancelled` (a compare-and-swap with the epoch's holder, from the
+    /// freshest state), then stop the live pods. With the old cancel: releases any
+    /// cancel-requested run as `cancelled`.
     ReleaseCancelled,
+    /// The last-attempt rule: the lease of the last attempt, started, is past its deadline
+    /// plus the allowance but its pod is not quiescent, so instead of a steal the controller
+    /// marks that pod deleting (and waits for its outcome). With
+    /// [`Rules::terminal_waits_for_pods`], also for a steal that would record
+    /// `cancelled`, and every live pod of the run is marked.
+    FenceInsteadOfSteal {
+        /// The controller, whose clock is read.
+        controller: u8,
+    },
+    /// The start timeout: the current attempt's pod is live but its workload never started,
+    /// and the timeout passed (any time: the timeout is not bounded here). A compare-and-swap
+    /// from the freshest state, refused once the sidecar recorded a start, that ends the
+    /// attempt (it counts: `retrying`, or `failed` on the last attempt, `cancelled` if a
+    /// cancel was requested) and releases the lease; the pod is then marked deleting.
+    StartTimeout,
     /// The scheduler binds a pod to a node whose clock has `skew`; its sidecar starts.
     Schedule {
         /// The pod's epoch.
@@ -576,10 +671,23 @@ pub mod prop {
     pub const EX_WAITS: &str = "sometimes: a new epoch waits for a running predecessor";
     /// Example: a run is cancelled (checked only with [`Bounds::cancel`](crate::Bounds)).
     pub const EX_CANCELLED: &str = "sometimes: run cancelled";
-    /// Observation: a run recorded failed or cancelled whose workload exited 0 (the
-    /// terminal record disagrees with the work; not a G2 violation).
-    pub const NOTE_TERMINAL_BUT_SUCCEEDED: &str =
-        "note: recorded failed/cancelled although a workload succeeded";
+    /// Example: a run whose cancel was requested is recorded succeeded, because its workload
+    /// still exited 0 (checked only with [`Bounds::cancel`](crate::Bounds)).
+    pub const EX_CANCELLED_BUT_SUCCEEDED: &str =
+        "sometimes: a cancel-requested run is recorded succeeded";
+    /// Example: the start timeout ends an attempt whose pod is live but never started (the
+    /// step is enabled).
+    pub const EX_START_TIMEOUT: &str = "sometimes: an attempt's start times out";
+    /// Example: the lease of the last attempt, started, is past its deadline plus the
+    /// allowance for some controller while its pod is not quiescent: the last-attempt rule
+    /// waits there instead of stealing.
+    pub const EX_LAST_ATTEMPT_WAITS: &str =
+        "sometimes: an expired last attempt is waited for, not stolen";
+    /// A run is recorded `failed` or `cancelled` only if no workload of the run exited 0 (ever:
+    /// a success is never recorded as a failure or a cancel, also when it comes after the
+    /// terminal write).
+    pub const NO_FAILURE_OVER_SUCCESS: &str =
+        "recorded failed/cancelled only if no workload exited 0";
 }
 
 /// The model of one run.
@@ -681,9 +789,67 @@ impl RunModel {
                 !l.state.status.is_terminal()
                     && l.epoch < self.bounds.max_epochs
                     && (l.holder.is_none()
-                        || self.local(state, controller) >= l.deadline + self.bounds.allowance)
+                        || (self.expired_for(state, controller, &l)
+                            && !self.steal_waits(state, &l)))
             }
         }
+    }
+
+    /// The lease is held and `controller`'s clock reads at or past its deadline plus the
+    /// allowance: a steal is due.
+    fn expired_for(&self, state: &State, controller: u8, l: &Lease) -> bool {
+        l.holder.is_some() && self.local(state, controller) >= l.deadline + self.bounds.allowance
+    }
+
+    /// The last-attempt rule applies to the held lease `l`: its attempt is the last, started,
+    /// and its pod is not quiescent (whatever the rules).
+    fn last_attempt_live(&self, state: &State, l: &Lease) -> bool {
+        l.holder.is_some()
+            && l.state.attempt >= self.bounds.max_attempts
+            && !l.state.never_started()
+            && state.pod(l.epoch).is_some_and(|p| !p.is_quiescent())
+    }
+
+    /// A due steal of the held lease `l` is held back by the rules: the last-attempt rule, or
+    /// (proposed) any steal that would record a terminal status while a pod of the run is live.
+    fn steal_waits(&self, state: &State, l: &Lease) -> bool {
+        (self.rules.last_attempt_waits && self.last_attempt_live(state, l))
+            || (self.rules.terminal_waits_for_pods
+                && self.acquire(Some(&l.state)).status.is_terminal()
+                && any_live_pod(state))
+    }
+
+    /// The start timeout may end the current attempt: held, never started, its pod live.
+    fn may_time_out_start(&self, state: &State) -> bool {
+        state.lease.is_some_and(|l| {
+            l.holder == Some(l.epoch)
+                && l.state.never_started()
+                && state.pod(l.epoch).is_some_and(|p| !p.is_quiescent())
+                && !self.success_preempts(state)
+        })
+    }
+
+    /// How a failed attempt ends, in `run::complete`: `cancelled` if a cancel was requested,
+    /// `retrying` with attempts left, else `failed`.
+    fn failed_attempt(&self, l: &RunState) -> Status {
+        if l.cancel_requested {
+            Status::Cancelled
+        } else if l.attempt < self.bounds.max_attempts {
+            Status::Retrying
+        } else {
+            Status::Failed
+        }
+    }
+
+    /// Whether the pending cancel release of `epoch` can still succeed on the lease `l`: the
+    /// same epoch and holder, not terminal, and (proposed) the attempt still never started.
+    fn cancel_release_possible(&self, l: Option<&Lease>, epoch: u8) -> bool {
+        l.is_some_and(|l| {
+            l.epoch == epoch
+                && l.holder == Some(epoch)
+                && !l.state.status.is_terminal()
+                && (!self.rules.cancel_release_refuses_started || l.state.never_started())
+        })
     }
 
     /// Whether some controller may steal the held lease now; with `early`, only while the
@@ -753,6 +919,67 @@ impl RunModel {
             && (l.state.status.is_terminal()
                 || (l.epoch > epoch && p.phase != PodPhase::Succeeded)
                 || (l.epoch == epoch && l.holder.is_none()))
+    }
+
+    /// `cancel_run` with [`Rules::cancel_waits_for_started`], from the state `s` into `n`.
+    fn cancel_run(&self, s: &State, n: &mut State, controller: u8) -> Option<()> {
+        if !s.claimed {
+            return None;
+        }
+        let Some(l) = s.lease else {
+            // Never dispatched: recorded cancelled, so it never starts.
+            n.lease = Some(Lease {
+                epoch: 1,
+                holder: None,
+                deadline: 0,
+                state: RunState {
+                    status: Status::Cancelled,
+                    attempt: 0,
+                    started: false,
+                    cancel_requested: true,
+                },
+            });
+            return Some(());
+        };
+        if l.state.status.is_terminal() {
+            return None;
+        }
+        // Held: not released, and not expired by the controller's clock (no allowance).
+        let held = l.holder.is_some() && self.local(s, controller) < l.deadline;
+        let live = any_live_pod(s);
+        let waits = self.rules.terminal_waits_for_pods
+            && (live
+                || s.present_pods()
+                    .any(|(_, p)| p.phase == PodPhase::Succeeded));
+        if !held && !waits {
+            // Taken over (a new epoch) as cancelled and released at once; then the live pods
+            // are stopped.
+            n.lease = Some(Lease {
+                epoch: l.epoch.saturating_add(1),
+                holder: None,
+                deadline: 0,
+                state: RunState {
+                    status: Status::Cancelled,
+                    cancel_requested: true,
+                    ..l.state
+                },
+            });
+            stop_live_pods(n);
+            return Some(());
+        }
+        n.lease.as_mut()?.state.cancel_requested = true;
+        let ended = s
+            .pod(l.epoch)
+            .is_some_and(|p| matches!(p.phase, PodPhase::Succeeded | PodPhase::Failed));
+        if ended {
+            // `Complete` records it: cancelled, unless it succeeded.
+        } else if l.state.started || (waits && live) {
+            // The workload may still finish: stop it, and let `Complete` record how it ended.
+            stop_live_pods(n);
+        } else if held && !waits {
+            n.cancel_release = Some(l.epoch);
+        }
+        Some(())
     }
 
     fn step(&self, s: &State, action: Action) -> Option<State> {
@@ -840,12 +1067,8 @@ impl RunModel {
                     if s.pod(e).is_some_and(|p| p.deleting) {
                         n.ghost.success_recorded_from_deleted_pod = true;
                     }
-                } else if l.state.cancel_requested {
-                    l.state.status = Status::Cancelled;
-                } else if l.state.attempt < self.bounds.max_attempts {
-                    l.state.status = Status::Retrying;
                 } else {
-                    l.state.status = Status::Failed;
+                    l.state.status = self.failed_attempt(&l.state);
                 }
                 l.holder = None;
             }
@@ -862,20 +1085,70 @@ impl RunModel {
                     }
                 }
             }
-            Action::RequestCancel => {
-                let l = n.lease.as_mut()?;
-                if !self.bounds.cancel || l.state.status.is_terminal() || l.state.cancel_requested {
+            Action::Cancel { controller } => {
+                if !self.bounds.cancel {
                     return None;
                 }
-                l.state.cancel_requested = true;
+                if self.rules.cancel_waits_for_started {
+                    self.cancel_run(s, &mut n, controller)?;
+                } else {
+                    // The old cancel: request now, release as cancelled in a later step.
+                    let l = n.lease.as_mut()?;
+                    if l.state.status.is_terminal() || l.state.cancel_requested {
+                        return None;
+                    }
+                    l.state.cancel_requested = true;
+                }
+                if n == *s {
+                    return None;
+                }
             }
             Action::ReleaseCancelled => {
-                let l = n.lease.as_mut()?;
-                if !l.state.cancel_requested || l.state.status.is_terminal() {
+                if self.rules.cancel_waits_for_started {
+                    let epoch = s.cancel_release?;
+                    n.cancel_release = None;
+                    if self.cancel_release_possible(s.lease.as_ref(), epoch) {
+                        let l = n.lease.as_mut()?;
+                        l.state.status = Status::Cancelled;
+                        l.holder = None;
+                        stop_live_pods(&mut n);
+                    }
+                } else {
+                    let l = n.lease.as_mut()?;
+                    if !l.state.cancel_requested || l.state.status.is_terminal() {
+                        return None;
+                    }
+                    l.state.status = Status::Cancelled;
+                    l.holder = None;
+                }
+            }
+            Action::FenceInsteadOfSteal { controller } => {
+                let l = s.lease?;
+                if !self.expired_for(s, controller, &l)
+                    || l.state.status.is_terminal()
+                    || self.success_preempts(s)
+                    || !self.steal_waits(s, &l)
+                {
                     return None;
                 }
-                l.state.status = Status::Cancelled;
+                if self.rules.terminal_waits_for_pods {
+                    stop_live_pods(&mut n);
+                } else if let Some(p) = n.pod_mut(l.epoch).filter(|p| !p.is_quiescent()) {
+                    p.deleting = true;
+                }
+                if n == *s {
+                    return None;
+                }
+            }
+            Action::StartTimeout => {
+                if !self.may_time_out_start(s) {
+                    return None;
+                }
+                let l = n.lease.as_mut()?;
+                l.state.status = self.failed_attempt(&l.state);
                 l.holder = None;
+                let epoch = l.epoch;
+                n.pod_mut(epoch)?.deleting = true;
             }
             Action::Schedule { epoch, skew } => {
                 let p = n.pod_mut(epoch)?;
@@ -986,6 +1259,11 @@ impl RunModel {
                 p.skew = 0;
             }
         }
+        if let Some(e) = n.cancel_release
+            && !self.cancel_release_possible(n.lease.as_ref(), e)
+        {
+            n.cancel_release = None;
+        }
         let never_expires =
             self.bounds.max_time + self.bounds.skew.max(0) - self.bounds.allowance + 1;
         if let Some(l) = n.lease.as_mut() {
@@ -994,6 +1272,22 @@ impl RunModel {
             } else {
                 l.deadline = l.deadline.min(never_expires);
             }
+        }
+    }
+}
+
+/// Some pod of the run is live: not quiescent.
+fn any_live_pod(state: &State) -> bool {
+    state.present_pods().any(|(_, p)| !p.is_quiescent())
+}
+
+/// Marks every live pod that is not being deleted yet as deleting (`stop_live_pods`).
+fn stop_live_pods(n: &mut State) {
+    for slot in &mut n.pods {
+        if let PodSlot::Present(p) = slot
+            && !p.is_quiescent()
+        {
+            p.deleting = true;
         }
     }
 }
@@ -1030,6 +1324,7 @@ impl Model for RunModel {
                     claimed: false,
                     claim_writers: 0,
                     lease: None,
+                    cancel_release: None,
                     pods: [PodSlot::NotCreated; MAX_EPOCHS],
                     ghost: Ghost::default(),
                 });
@@ -1044,14 +1339,18 @@ impl Model for RunModel {
             actions.push(Action::Claim { controller });
         }
         for controller in self.controller_ids(state) {
-            actions.push(Action::Dispatch { controller });
-            actions.push(Action::KeepAlive { controller });
+            actions.extend([
+                Action::Dispatch { controller },
+                Action::KeepAlive { controller },
+                Action::FenceInsteadOfSteal { controller },
+                Action::Cancel { controller },
+            ]);
         }
         actions.extend([
             Action::Fence,
             Action::CreatePod,
             Action::Complete,
-            Action::RequestCancel,
+            Action::StartTimeout,
             Action::ReleaseCancelled,
         ]);
         for epoch in 1..=self.bounds.max_epochs {
@@ -1127,9 +1426,17 @@ impl Model for RunModel {
                             .any(|(e, p)| e < l.epoch && p.phase == PodPhase::Running)
                 })
             }),
-            Property::<Self>::sometimes(prop::NOTE_TERMINAL_BUT_SUCCEEDED, |_, s| {
-                matches!(s.status(), Some(Status::Failed | Status::Cancelled))
-                    && s.ghost.successes > 0
+            Property::<Self>::always(prop::NO_FAILURE_OVER_SUCCESS, |_, s| {
+                !matches!(s.status(), Some(Status::Failed | Status::Cancelled))
+                    || s.ghost.successes == 0
+            }),
+            Property::<Self>::sometimes(prop::EX_START_TIMEOUT, |m, s| m.may_time_out_start(s)),
+            Property::<Self>::sometimes(prop::EX_LAST_ATTEMPT_WAITS, |m, s| {
+                s.lease.is_some_and(|l| {
+                    m.last_attempt_live(s, &l)
+                        && !m.success_preempts(s)
+                        && (0..m.bounds.controllers).any(|c| m.expired_for(s, c, &l))
+                })
             }),
         ];
         if self.bounds.allowance < 2 * self.bounds.skew {
@@ -1141,6 +1448,14 @@ impl Model for RunModel {
             properties.push(Property::<Self>::sometimes(prop::EX_CANCELLED, |_, s| {
                 s.status() == Some(Status::Cancelled)
             }));
+            properties.push(Property::<Self>::sometimes(
+                prop::EX_CANCELLED_BUT_SUCCEEDED,
+                |_, s| {
+                    s.lease.is_some_and(|l| {
+                        l.state.status == Status::Succeeded && l.state.cancel_requested
+                    })
+                },
+            ));
         }
         properties
     }
@@ -1194,10 +1509,7 @@ impl Report {
     /// True when every `always` property holds and every `sometimes` property has an
     /// example (informational notes excepted).
     pub fn all_hold(&self) -> bool {
-        self.verdicts
-            .iter()
-            .filter(|v| v.name != prop::NOTE_TERMINAL_BUT_SUCCEEDED)
-            .all(Verdict::holds)
+        self.verdicts.iter().all(Verdict::holds)
     }
 
     /// The verdict on `name`, if it is a property of the model.

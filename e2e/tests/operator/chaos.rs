@@ -379,6 +379,23 @@ pub async fn scenario(ctx: Arc<Ctx>, ns: String, fault: Fault) -> anyhow::Result
     let strikes = injector
         .await
         .map_err(|e| anyhow!("the fault injector panicked: {e}"))??;
+    let ended = now_secs();
+    // Let the controllers catch up on the ticks that fell due during the faults (catchUp: All)
+    // before suspending, so a suspension never explains a tick away.
+    wait_for(
+        "a decision for every tick of the fault period",
+        Duration::from_secs(120),
+        || async {
+            let rows = runs(&ctx, &ns, job, &uid).await?;
+            let newest = rows.iter().filter_map(RunRow::tick_seconds).max();
+            if newest.is_some_and(|t| t >= ended - 10) {
+                Ok(Some(()))
+            } else {
+                Err(anyhow!("newest decided tick: {newest:?}"))
+            }
+        },
+    )
+    .await?;
     // Stop new ticks, then let the runs in flight finish (controllers restart, the store
     // resumes, leases expire and are taken over).
     coordinated_jobs(&ctx.client, &ns)
@@ -410,7 +427,7 @@ pub async fn scenario(ctx: Arc<Ctx>, ns: String, fault: Fault) -> anyhow::Result
     )
     .await;
     let rows = settled.with_context(|| ledger.dump())?;
-    let verdict = check(&rows, &ledger, created, suspended);
+    let verdict = check(&rows, &ledger, created, ended.min(suspended));
     println!(
         "chaos {}: {strikes} strike(s); due {}, done {}, duplicates {:?}, overlaps {:?}, misses {:?}, runs needing a later epoch {}",
         fault.name(),
