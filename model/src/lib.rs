@@ -5,8 +5,9 @@
 //! document (one atomic step here), and the actors around it are
 //!
 //! - two stateless **controllers** (each step reads the bucket and the Kubernetes API afresh
-//!   and does at most one write: dispatch or steal, fence, create the pod, keep alive,
-//!   complete, remove a pod's finalizer, cancel);
+//!   and does at most one write: dispatch or steal, fence, the last-attempt rule's fence
+//!   instead of a steal, create the pod, keep alive, complete, the start timeout, remove a
+//!   pod's finalizer, and the two steps of a cancel);
 //! - the **kubelet and the sidecar** of each pod (schedule, attach, renew, workload end, kill
 //!   of a deleting pod), each sidecar with its own clock;
 //! - **external actors** that delete any pod at any time (kubectl, PodGC, a node drain).
@@ -17,11 +18,12 @@
 //! need no action of their own: an actor that never takes its next step is one of the
 //! behaviours the checker already explores.
 //!
-//! [`RunModel`] is parameterised by [`Rules`]: [`Rules::NEW`] is the design being
-//! implemented, and turning off one rule gives the older design that the checker must
-//! refute (the negative controls in `tests/`). [`Bounds`] sizes the state space. The
-//! properties are listed in [`RunModel::properties`](stateright::Model::properties); their
-//! names are the constants in [`prop`]:
+//! [`RunModel`] is parameterised by [`Rules`]: [`Rules::NEW`] is the design as implemented,
+//! [`Rules::PROPOSED`] adds three rules it still needs, and turning off one rule gives an
+//! older design that the checker must refute (the negative controls in `tests/`). [`Bounds`]
+//! sizes the state space. The properties are listed in
+//! [`RunModel::properties`](stateright::Model::properties); their names are the constants in
+//! [`prop`]:
 //!
 //! - **G1** a tick is decided once (put-if-absent claim);
 //! - **G2** a recorded success is final: no workload starts after a workload exited 0, at
@@ -29,8 +31,13 @@
 //! - **G3** at most one workload of the run runs at any time;
 //! - **fencing**: a sidecar writes only its own epoch, and one pod attaches per epoch;
 //! - a terminal status never changes, and a recorded success had a workload that exited 0;
+//! - **no failure over a success**: a run is recorded `failed` or `cancelled` only if no
+//!   workload of the run exited 0, before or after the write. It holds under
+//!   [`Rules::PROPOSED`] but not under [`Rules::NEW`]: the implemented cancel can record a
+//!   success as `cancelled` (see the proposed fields of [`Rules`]);
 //! - `sometimes` properties showing that the bounds reach success, failure, retry, steal
-//!   (also one the holder's clock does not yet see), cancel, a success recorded from a
+//!   (also one the holder's clock does not yet see), the start timeout, the last-attempt
+//!   wait, cancel, a cancel-requested run that still succeeds, a success recorded from a
 //!   deleted pod, and a new epoch waiting for a running predecessor.
 //!
 //! ## Abstractions
@@ -41,12 +48,20 @@
 //!   on pods are stable (a quiescent pod stays quiescent; a pod that succeeded stays so, and
 //!   visible, until the run is terminal); a creation that lands after the lease moved on
 //!   makes a pod whose sidecar's attach fails, which the model does not need to represent.
+//!   The one controller step that decides on one read and writes after another is the
+//!   cancel of an attempt that never started: [`State::cancel_release`] carries its decision
+//!   to [`Action::ReleaseCancelled`].
 //! - The kubelet's grace period is any number of steps: a deleting pod's workload may still
 //!   exit 0 before the kill.
 //! - A sidecar whose renewal fails kills its workload at once; one that never renews again
 //!   models a frozen sidecar or a partition.
-//! - Not modelled: the start timeout, the controller's takeover of an expired lease to
-//!   record a result, several runs, informer staleness.
+//! - The start timeout may fire at any time once the pod exists (its duration is not
+//!   modelled, so every order of timeout and start is explored).
+//! - Holder Secrets always exist, so `Complete` records with the attempt's own holder (its
+//!   takeover of an expired lease when the holder is lost is not modelled), and the cancel's
+//!   attach does not check the deadline (that check only defers the cancel to its takeover
+//!   branch, which is modelled).
+//! - Not modelled: several runs, informer staleness.
 //!
 //! ```
 //! use cojob_model::{Bounds, RunModel, Rules, check};
@@ -100,13 +115,18 @@ pub struct Rules {
     /// pods marked deleting) and `Complete` records how it ended (`succeeded` wins). Off: the
     /// old cancel, which releases the run as `cancelled` while its workload may still run.
     pub cancel_waits_for_started: bool,
-    /// Proposed, not implemented: a steal or a cancel writes `failed` or `cancelled` only while
-    /// every pod of the run is quiescent and none succeeded. A steal whose acquisition would
-    /// end the run (a cancel was requested) fences the live pods and waits, like the
-    /// last-attempt rule; a cancel that would take the lease over, or release it as
-    /// `cancelled`, while a pod is live or succeeded only writes `cancel_requested` and stops
-    /// the live pods, and `Complete` records the outcome.
-    pub terminal_waits_for_pods: bool,
+    /// Proposed, not implemented: a steal whose acquisition would record `cancelled` (a
+    /// cancel was requested) is not taken while a pod of the run is live; the controller
+    /// marks the live pods deleting and waits, as the last-attempt rule does, and `Complete`
+    /// records how the pod ended. Implemented: `acquire` records `cancelled` at once.
+    pub cancel_steal_waits: bool,
+    /// Proposed, not implemented: `cancel_run` takes the lease over as `cancelled`, or decides
+    /// to release it as `cancelled`, only while every pod of the run is quiescent and none
+    /// succeeded; otherwise it writes `cancel_requested`, stops the live pods and leaves the
+    /// outcome to `Complete`. Implemented: the takeover of an absent, released or expired
+    /// lease and the release of an attempt that never started look at no pod but the
+    /// current one.
+    pub cancel_waits_for_pods: bool,
     /// Proposed, not implemented: the cancel's release of an attempt that never started is
     /// computed on the freshest state and refuses once the sidecar recorded a start (as the
     /// start timeout does). Implemented: `run::cancel` refuses only a terminal state, so a
@@ -124,14 +144,16 @@ impl Rules {
         claim_put_if_absent: true,
         last_attempt_waits: true,
         cancel_waits_for_started: true,
-        terminal_waits_for_pods: false,
+        cancel_steal_waits: false,
+        cancel_waits_for_pods: false,
         cancel_release_refuses_started: false,
     };
 
-    /// [`Rules::NEW`] with the two proposed rules that close the remaining ways a success is
+    /// [`Rules::NEW`] with the three proposed rules that close the remaining ways a success is
     /// recorded as a failure or a cancel.
     pub const PROPOSED: Rules = Rules {
-        terminal_waits_for_pods: true,
+        cancel_steal_waits: true,
+        cancel_waits_for_pods: true,
         cancel_release_refuses_started: true,
         ..Rules::NEW
     };
@@ -147,79 +169,85 @@ impl Rules {
         claim_put_if_absent: true,
         last_attempt_waits: false,
         cancel_waits_for_started: false,
-        terminal_waits_for_pods: false,
+        cancel_steal_waits: false,
+        cancel_waits_for_pods: false,
         cancel_release_refuses_started: false,
     };
 }
 
 impl Rules {
-    /// The names [`Rules::named`] knows, each with a one-line description.
-    pub const NAMES: [(&'static str, &'static str); 9] = [
+    /// The names [`Rules::named`] knows, each with a one-line description: three rule sets,
+    /// then the variants that turn one rule off (see [`Rules::variant`]).
+    pub const NAMES: [(&'static str, &'static str); 12] = [
         ("new", "the design as implemented"),
         (
             "proposed",
-            "new, and failed/cancelled only while no pod is live, cancel release refuses a start",
+            "new, and a cancel never ends the run while a pod is live or succeeded",
         ),
         (
             "old",
-            "create on steal, no pod finalizer, current epoch only, steal the last attempt, cancel at once",
+            "create on steal, no finalizer, current epoch only, steal the last attempt, cancel at once",
         ),
         (
             "create-on-steal",
-            "new, but the pod is created without waiting for older pods",
+            "the pod is created without waiting for older pods",
         ),
-        ("no-finalizer", "new, but pods carry no result finalizer"),
+        ("no-finalizer", "pods carry no result finalizer"),
         (
             "current-epoch-only",
-            "new, but only the current epoch's pod completes the run",
+            "only the current epoch's pod completes the run",
         ),
-        (
-            "blind-claim",
-            "new, but the tick is claimed with a blind put",
-        ),
+        ("blind-claim", "the tick is claimed with a blind put"),
         (
             "steal-last-attempt",
-            "new, but the last attempt is stolen (recorded failed) while its pod runs",
+            "the last attempt is stolen (recorded failed) while its pod runs",
         ),
         (
             "cancel-at-once",
-            "new, but a cancel releases the run as cancelled while its workload runs",
+            "a cancel releases the run as cancelled while its workload runs",
+        ),
+        (
+            "cancel-steal-at-once",
+            "a steal records cancelled while a pod is live (proposed rule off)",
+        ),
+        (
+            "cancel-ignores-pods",
+            "a cancel takes over or releases while a pod is live or succeeded (proposed rule off)",
+        ),
+        (
+            "cancel-release-over-start",
+            "a cancel's release overwrites a start that landed meanwhile (proposed rule off)",
         ),
     ];
 
-    /// The rules of that name (see [`Rules::NAMES`]).
+    /// The rules of that name (see [`Rules::NAMES`]): a rule set, or a variant of
+    /// [`Rules::NEW`].
     pub fn named(name: &str) -> Option<Rules> {
-        let new = Rules::NEW;
-        Some(match name {
-            "new" => new,
-            "proposed" => Rules::PROPOSED,
-            "old" => Rules::OLD,
-            "create-on-steal" => Rules {
-                wait_for_quiescent_predecessors: false,
-                ..new
-            },
-            "no-finalizer" => Rules {
-                pod_finalizer: false,
-                ..new
-            },
-            "current-epoch-only" => Rules {
-                success_of_any_epoch_completes: false,
-                ..new
-            },
-            "blind-claim" => Rules {
-                claim_put_if_absent: false,
-                ..new
-            },
-            "steal-last-attempt" => Rules {
-                last_attempt_waits: false,
-                ..new
-            },
-            "cancel-at-once" => Rules {
-                cancel_waits_for_started: false,
-                ..new
-            },
+        match name {
+            "new" => Some(Rules::NEW),
+            "proposed" => Some(Rules::PROPOSED),
+            "old" => Some(Rules::OLD),
+            _ => Rules::NEW.variant(name),
+        }
+    }
+
+    /// These rules with the one rule that the variant `name` (one of [`Rules::NAMES`] after the
+    /// three rule sets) turns off.
+    pub fn variant(self, name: &str) -> Option<Rules> {
+        let mut r = self;
+        match name {
+            "create-on-steal" => r.wait_for_quiescent_predecessors = false,
+            "no-finalizer" => r.pod_finalizer = false,
+            "current-epoch-only" => r.success_of_any_epoch_completes = false,
+            "blind-claim" => r.claim_put_if_absent = false,
+            "steal-last-attempt" => r.last_attempt_waits = false,
+            "cancel-at-once" => r.cancel_waits_for_started = false,
+            "cancel-steal-at-once" => r.cancel_steal_waits = false,
+            "cancel-ignores-pods" => r.cancel_waits_for_pods = false,
+            "cancel-release-over-start" => r.cancel_release_refuses_started = false,
             _ => return None,
-        })
+        }
+        Some(r)
     }
 }
 
@@ -577,9 +605,9 @@ pub enum Action {
     ReleaseCancelled,
     /// The last-attempt rule: the lease of the last attempt, started, is past its deadline
     /// plus the allowance but its pod is not quiescent, so instead of a steal the controller
-    /// marks that pod deleting (and waits for its outcome). With
-    /// [`Rules::terminal_waits_for_pods`], also for a steal that would record
-    /// `cancelled`, and every live pod of the run is marked.
+    /// marks that pod deleting (and waits for its outcome). With [`Rules::cancel_steal_waits`],
+    /// also for a steal that would record `cancelled`; then every live pod of the run is
+    /// marked.
     FenceInsteadOfSteal {
         /// The controller, whose clock is read.
         controller: u8,
@@ -811,12 +839,15 @@ impl RunModel {
     }
 
     /// A due steal of the held lease `l` is held back by the rules: the last-attempt rule, or
-    /// (proposed) any steal that would record a terminal status while a pod of the run is live.
+    /// (proposed) a steal that would record `cancelled` while a pod of the run is live.
     fn steal_waits(&self, state: &State, l: &Lease) -> bool {
         (self.rules.last_attempt_waits && self.last_attempt_live(state, l))
-            || (self.rules.terminal_waits_for_pods
-                && self.acquire(Some(&l.state)).status.is_terminal()
-                && any_live_pod(state))
+            || self.cancel_steal_live(state, l)
+    }
+
+    /// (Proposed) the steal of `l` would record `cancelled` while a pod of the run is live.
+    fn cancel_steal_live(&self, state: &State, l: &Lease) -> bool {
+        self.rules.cancel_steal_waits && l.state.cancel_requested && any_live_pod(state)
     }
 
     /// The start timeout may end the current attempt: held, never started, its pod live.
@@ -947,7 +978,7 @@ impl RunModel {
         // Held: not released, and not expired by the controller's clock (no allowance).
         let held = l.holder.is_some() && self.local(s, controller) < l.deadline;
         let live = any_live_pod(s);
-        let waits = self.rules.terminal_waits_for_pods
+        let waits = self.rules.cancel_waits_for_pods
             && (live
                 || s.present_pods()
                     .any(|(_, p)| p.phase == PodPhase::Succeeded));
@@ -1131,7 +1162,7 @@ impl RunModel {
                 {
                     return None;
                 }
-                if self.rules.terminal_waits_for_pods {
+                if self.cancel_steal_live(s, &l) {
                     stop_live_pods(&mut n);
                 } else if let Some(p) = n.pod_mut(l.epoch).filter(|p| !p.is_quiescent()) {
                     p.deleting = true;
@@ -1507,7 +1538,7 @@ pub struct Report {
 
 impl Report {
     /// True when every `always` property holds and every `sometimes` property has an
-    /// example (informational notes excepted).
+    /// example.
     pub fn all_hold(&self) -> bool {
         self.verdicts.iter().all(Verdict::holds)
     }
@@ -1635,6 +1666,10 @@ pub fn summary(s: &State) -> String {
             _ => {}
         }
     }
+    let lease = match s.cancel_release {
+        Some(e) => format!("{lease} (cancel releases e{e} next)"),
+        None => lease,
+    };
     if pods.is_empty() {
         lease
     } else {
@@ -1832,6 +1867,132 @@ mod tests {
     fn tiny_bounds_hold() {
         let report = check(&RunModel::new(Rules::NEW, Bounds::tiny()), 1);
         assert!(report.exhaustive && report.all_hold(), "{report}");
+    }
+
+    /// A state at `t` (exact controller clocks) whose lease is `lease` and whose epoch-1 pod is
+    /// `pod`.
+    fn with(m: &RunModel, t: Time, lease: Lease, pod: Option<Pod>) -> State {
+        let mut s = m
+            .init_states()
+            .into_iter()
+            .find(|s| s.controller_skew == [0, 0])
+            .expect("exact clocks");
+        s.t = t;
+        s.claimed = true;
+        s.lease = Some(lease);
+        if let Some(pod) = pod {
+            s.pods[0] = PodSlot::Present(pod);
+        }
+        s
+    }
+
+    fn pod(phase: PodPhase) -> Pod {
+        Pod {
+            phase,
+            deleting: false,
+            finalizer: true,
+            skew: 0,
+        }
+    }
+
+    fn held(state: RunState, deadline: Time) -> Lease {
+        Lease {
+            epoch: 1,
+            holder: Some(1),
+            deadline,
+            state,
+        }
+    }
+
+    #[test]
+    fn cancel_follows_cancel_run() {
+        let m = model();
+        let cancel = Action::Cancel { controller: 0 };
+        let running = state(Status::Running, 1, true, false);
+        let pending = state(Status::Pending, 1, false, false);
+        // Started: requested and stopped, not released.
+        let s = with(&m, 0, held(running, 3), Some(pod(PodPhase::Running)));
+        let n = m.next_state(&s, cancel).expect("enabled");
+        assert!(
+            n.lease
+                .is_some_and(|l| l.state.cancel_requested && l.holder.is_some())
+        );
+        assert!(n.pod(1).is_some_and(|p| p.deleting) && n.cancel_release.is_none());
+        // Never started: requested, and the release is decided (a later step).
+        let s = with(&m, 0, held(pending, 3), Some(pod(PodPhase::Pending)));
+        let n = m.next_state(&s, cancel).expect("enabled");
+        assert_eq!(n.cancel_release, Some(1));
+        let r = m.next_state(&n, Action::ReleaseCancelled).expect("enabled");
+        assert_eq!(r.status(), Some(Status::Cancelled));
+        assert!(r.pod(1).is_some_and(|p| p.deleting));
+        // Expired by the controller's clock (no allowance): taken over as cancelled at once,
+        // whatever the pods (the gap that `cancel_waits_for_pods` closes).
+        let s = with(&m, 3, held(running, 3), Some(pod(PodPhase::Succeeded)));
+        let n = m.next_state(&s, cancel).expect("enabled");
+        assert_eq!(n.status(), Some(Status::Cancelled));
+        assert_eq!(n.lease.map(|l| l.epoch), Some(2));
+        let proposed = RunModel::new(Rules::PROPOSED, Bounds::ci());
+        let n = proposed.next_state(&s, cancel).expect("enabled");
+        assert_eq!(n.status(), Some(Status::Running));
+        assert!(n.lease.is_some_and(|l| l.state.cancel_requested));
+    }
+
+    #[test]
+    fn the_last_attempt_is_fenced_not_stolen() {
+        let m = model();
+        let last = state(Status::Running, 2, true, false);
+        let s = with(&m, 4, held(last, 3), Some(pod(PodPhase::Running)));
+        assert!(
+            m.next_state(&s, Action::Dispatch { controller: 0 })
+                .is_none()
+        );
+        let n = m
+            .next_state(&s, Action::FenceInsteadOfSteal { controller: 0 })
+            .expect("enabled");
+        assert!(n.pod(1).is_some_and(|p| p.deleting));
+        // Not before deadline + allowance.
+        let early = with(&m, 3, held(last, 3), Some(pod(PodPhase::Running)));
+        assert!(
+            m.next_state(&early, Action::FenceInsteadOfSteal { controller: 0 })
+                .is_none()
+        );
+        // A quiescent pod: the steal goes ahead and records the run failed.
+        let ended = with(&m, 4, held(last, 3), Some(pod(PodPhase::Failed)));
+        let n = m
+            .next_state(&ended, Action::Dispatch { controller: 0 })
+            .expect("enabled");
+        assert_eq!(n.status(), Some(Status::Failed));
+        // Not the last attempt: stolen, and the attempt counts.
+        let first = state(Status::Running, 1, true, false);
+        let s = with(&m, 4, held(first, 3), Some(pod(PodPhase::Running)));
+        let n = m
+            .next_state(&s, Action::Dispatch { controller: 0 })
+            .expect("enabled");
+        assert_eq!(n.lease.map(|l| l.state.attempt), Some(2));
+    }
+
+    #[test]
+    fn the_start_timeout_counts_and_refuses_a_started_attempt() {
+        let m = model();
+        let last = state(Status::Pending, 2, false, false);
+        let s = with(&m, 0, held(last, 3), Some(pod(PodPhase::Scheduled)));
+        let n = m.next_state(&s, Action::StartTimeout).expect("enabled");
+        assert_eq!(n.status(), Some(Status::Failed));
+        assert!(n.pod(1).is_some_and(|p| p.deleting));
+        let first = state(Status::Pending, 1, false, true);
+        let s = with(&m, 0, held(first, 3), Some(pod(PodPhase::Pending)));
+        let n = m.next_state(&s, Action::StartTimeout).expect("enabled");
+        assert_eq!(
+            n.status(),
+            Some(Status::Cancelled),
+            "a cancel was requested"
+        );
+        let started = state(Status::Running, 1, true, false);
+        let s = with(&m, 0, held(started, 3), Some(pod(PodPhase::Running)));
+        assert!(m.next_state(&s, Action::StartTimeout).is_none());
+        // No pod yet: nothing to time out.
+        let s = with(&m, 0, held(first, 3), None);
+        assert!(m.next_state(&s, Action::StartTimeout).is_none());
     }
 
     #[test]

@@ -3,11 +3,12 @@
 //! ```text
 //! cargo run -p cojob-model --release -- [--preset release|ci|tiny] [--time N] [--ttl N]
 //!     [--allowance N] [--skew N] [--attempts N] [--epochs N] [--controllers 1|2]
-//!     [--cancel | --no-cancel] [--threads N]
-//!     [--rules new|old|create-on-steal|no-finalizer|current-epoch-only|blind-claim]
+//!     [--cancel | --no-cancel] [--threads N] [--rules NAME] [--base new|proposed]
 //!     [--first-counterexample] [--traces]
 //! ```
 //!
+//! `--rules` takes a rule set (`new`, the default, `proposed` or `old`) or a variant that turns
+//! one rule off (`--rules help` lists them); a variant applies to `--base` (default `new`).
 //! It prints the rules, the bounds, the states explored (with repeats and unique), the
 //! verdict on every property and the trace of every counterexample; it exits 1 if a
 //! property fails.
@@ -18,12 +19,21 @@ use cojob_model::{Bounds, Report, Rules, RunModel, check, refute};
 
 const USAGE: &str = "usage: cojob-model [--preset release|ci|tiny] [--time N] [--ttl N] \
 [--allowance N] [--skew N] [--attempts N] [--epochs N] [--controllers 1|2] [--cancel|--no-cancel] \
-[--threads N] [--rules new|old|create-on-steal|no-finalizer|current-epoch-only|blind-claim] \
-[--first-counterexample] [--traces]";
+[--threads N] [--rules NAME] [--base new|proposed] [--first-counterexample] [--traces]";
+
+fn rule_names() -> String {
+    let mut out = String::from("rules (--rules NAME; a variant applies to --base):\n");
+    for (name, about) in Rules::NAMES {
+        out.push_str(&format!("  {name:27} {about}\n"));
+    }
+    out
+}
 
 struct Options {
     bounds: Bounds,
     rules: Rules,
+    base: Rules,
+    variant: Option<String>,
     threads: usize,
     first_counterexample: bool,
     traces: bool,
@@ -33,6 +43,8 @@ fn parse(args: &[String]) -> Result<Options, String> {
     let mut options = Options {
         bounds: Bounds::release(),
         rules: Rules::NEW,
+        base: Rules::NEW,
+        variant: None,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         first_counterexample: false,
         traces: false,
@@ -70,16 +82,33 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--threads" => options.threads = usize::try_from(number(value()?)?).unwrap_or(1),
             "--rules" => {
                 let name = value()?;
-                options.rules = Rules::named(&name).ok_or_else(|| {
-                    let known: Vec<&str> = Rules::NAMES.iter().map(|(n, _)| *n).collect();
-                    format!("unknown rules '{name}'; known: {}", known.join(", "))
-                })?;
+                if name == "help" {
+                    return Err(rule_names());
+                }
+                match name.as_str() {
+                    "new" | "proposed" | "old" => {
+                        options.rules = Rules::named(&name).unwrap_or_default();
+                        options.variant = None;
+                    }
+                    _ if Rules::NEW.variant(&name).is_some() => options.variant = Some(name),
+                    _ => return Err(format!("unknown rules '{name}'\n{}", rule_names())),
+                }
+            }
+            "--base" => {
+                options.base = match value()?.as_str() {
+                    "new" => Rules::NEW,
+                    "proposed" => Rules::PROPOSED,
+                    other => return Err(format!("unknown base '{other}' (new or proposed)")),
+                }
             }
             "--first-counterexample" => options.first_counterexample = true,
             "--traces" => options.traces = true,
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument '{other}'\n{USAGE}")),
         }
+    }
+    if let Some(name) = &options.variant {
+        options.rules = options.base.variant(name).unwrap_or(options.base);
     }
     Ok(options)
 }

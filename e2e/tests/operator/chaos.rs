@@ -157,15 +157,27 @@ fn pids_of(prefix: &[u8]) -> Vec<i32> {
     out
 }
 
-/// The S3 server's process (versitygw, from the test servers).
+/// The S3 server's process: the pid file `ci/test-servers` writes (versitygw), or, failing
+/// that, a process whose program is named `versitygw*`.
 fn store_pid() -> Option<i32> {
+    let dir = std::env::var("COJOB_TEST_SERVERS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join(".test-servers"));
+    if let Some(pid) = std::fs::read_to_string(dir.join("versitygw.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+        .filter(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
+    {
+        return Some(pid);
+    }
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let first = cmdline.split(|b| *b == 0).next().unwrap_or_default();
-        if first.ends_with(b"versitygw") {
+        let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        let base = program.rsplit(|b| *b == b'/').next().unwrap_or_default();
+        if base.starts_with(b"versitygw") {
             return Some(pid);
         }
     }
