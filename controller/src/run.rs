@@ -351,6 +351,24 @@ pub fn cancel(prev: &Value, now: &str) -> Result<Value, Refusal> {
     ))
 }
 
+/// Like [`cancel`], for an attempt the caller saw never started: refused if its sidecar
+/// recorded a start since, so a workload that runs is never declared cancelled.
+///
+/// ```
+/// use cojob_controller::run::cancel_unstarted;
+/// use serde_json::json;
+/// let pending = json!({"status": "pending", "attempt": 1, "run_id": "r"});
+/// assert_eq!(cancel_unstarted(&pending, "t").unwrap()["status"], "cancelled");
+/// let running = json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "t"});
+/// assert!(cancel_unstarted(&running, "t").is_err());
+/// ```
+pub fn cancel_unstarted(prev: &Value, now: &str) -> Result<Value, Refusal> {
+    if !RunState::parse(prev)?.never_started() {
+        return Err(Refusal::Started);
+    }
+    cancel(prev, now)
+}
+
 /// What was observed of one pod of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PodView {

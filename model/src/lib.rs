@@ -33,8 +33,9 @@
 //! - a terminal status never changes, and a recorded success had a workload that exited 0;
 //! - **no failure over a success**: a run is recorded `failed` or `cancelled` only if no
 //!   workload of the run exited 0, before or after the write. It holds under
-//!   [`Rules::PROPOSED`] but not under [`Rules::NEW`]: the implemented cancel can record a
-//!   success as `cancelled` (see the proposed fields of [`Rules`]);
+//!   [`Rules::PROPOSED`], and under [`Rules::NEW`] without the cancel path, but not under
+//!   [`Rules::NEW`] with it: the implemented cancel can record a success as `cancelled` (see
+//!   the proposed fields of [`Rules`]);
 //! - `sometimes` properties showing that the bounds reach success, failure, retry, steal
 //!   (also one the holder's clock does not yet see), the start timeout, the last-attempt
 //!   wait, cancel, a cancel-requested run that still succeeds, a success recorded from a
@@ -127,7 +128,7 @@ pub struct Rules {
     /// lease and the release of an attempt that never started look at no pod but the
     /// current one.
     pub cancel_waits_for_pods: bool,
-    /// Proposed, not implemented: the cancel's release of an attempt that never started is
+    /// Implemented since the model found the gap: the cancel's release of an attempt that never started is
     /// computed on the freshest state and refuses once the sidecar recorded a start (as the
     /// start timeout does). Implemented: `run::cancel` refuses only a terminal state, so a
     /// sidecar's attach that lands between the cancel's read and its release is absorbed and
@@ -136,7 +137,9 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// The design as implemented in `cojob-controller`.
+    /// The implementation: every rule of the new design, the cancel included (it waits for
+    /// live or unrecorded pods, a cancelled steal waits like the last attempt, and the release
+    /// of an unstarted attempt refuses a start recorded meanwhile).
     pub const NEW: Rules = Rules {
         wait_for_quiescent_predecessors: true,
         pod_finalizer: true,
@@ -144,9 +147,20 @@ impl Rules {
         claim_put_if_absent: true,
         last_attempt_waits: true,
         cancel_waits_for_started: true,
+        cancel_steal_waits: true,
+        cancel_waits_for_pods: true,
+        cancel_release_refuses_started: true,
+    };
+
+    /// The implementation before its cancel was fixed: the cancel took an expired lease over
+    /// without looking at the pods, a cancelled steal did not wait, and the release of an
+    /// unstarted attempt accepted a start recorded meanwhile. The checker records a success
+    /// as `cancelled` with these rules.
+    pub const CANCEL_FIRST: Rules = Rules {
         cancel_steal_waits: false,
         cancel_waits_for_pods: false,
         cancel_release_refuses_started: false,
+        ..Rules::NEW
     };
 
     /// [`Rules::NEW`] with the three proposed rules that close the remaining ways a success is
@@ -310,7 +324,7 @@ impl Bounds {
     }
 
     /// The default bounds of the release binary: CI's with time 0..=8, three attempts and
-    /// four epochs (about 7 million distinct states).
+    /// four epochs (about 9 million distinct states).
     pub const fn release() -> Bounds {
         Bounds {
             controllers: 2,
@@ -1906,7 +1920,7 @@ mod tests {
 
     #[test]
     fn cancel_follows_cancel_run() {
-        let m = model();
+        let m = RunModel::new(Rules::CANCEL_FIRST, Bounds::ci());
         let cancel = Action::Cancel { controller: 0 };
         let running = state(Status::Running, 1, true, false);
         let pending = state(Status::Pending, 1, false, false);

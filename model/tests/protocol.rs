@@ -1,9 +1,9 @@
 //! The exhaustive check of the run protocol at CI bounds, and the negative controls: with a
 //! rule of the old design brought back, the same checker must find a counterexample.
 //!
-//! [`Rules::NEW`] (the implementation) satisfies every property but one: the checker finds
-//! that a cancel can record a success as `cancelled`. [`Rules::PROPOSED`] satisfies them all,
-//! and each of its rules is needed.
+//! [`Rules::NEW`] (the implementation, equal to [`Rules::PROPOSED`]) satisfies every property,
+//! and each of its rules is needed; [`Rules::CANCEL_FIRST`] (the cancel before its fixes)
+//! records a success as `cancelled`.
 
 use cojob_model::stateright::Model;
 use cojob_model::{
@@ -61,10 +61,10 @@ fn terminal_write(states: &[State]) -> (&State, &State) {
 }
 
 #[test]
-fn new_rules_hold_at_ci_bounds() {
+fn the_cancel_before_its_fixes_fails_only_no_failure_over_success() {
     // Every property of the implemented design holds, except that a success may be recorded
     // as cancelled (see `the_implemented_cancel_records_a_success_as_cancelled`).
-    let report = check(&RunModel::new(Rules::NEW, Bounds::ci()), 1);
+    let report = check(&RunModel::new(Rules::CANCEL_FIRST, Bounds::ci()), 1);
     show(&report);
     assert!(
         report.exhaustive,
@@ -82,6 +82,11 @@ fn new_rules_hold_at_ci_bounds() {
 
 #[test]
 fn proposed_rules_hold_at_ci_bounds() {
+    assert_eq!(
+        Rules::NEW,
+        Rules::PROPOSED,
+        "the implementation has the proposed rules"
+    );
     let report = check(&RunModel::new(Rules::PROPOSED, Bounds::ci()), 1);
     show(&report);
     assert!(report.exhaustive && report.all_hold(), "{report}");
@@ -104,10 +109,14 @@ fn proposed_rules_hold_with_one_controller_and_exact_clocks() {
 }
 
 #[test]
-fn the_implemented_cancel_records_a_success_as_cancelled() {
+fn the_cancel_before_its_fixes_records_a_success_as_cancelled() {
     // The cancel takes an expired lease over (no allowance, no look at the pods) while a pod
     // has succeeded and its success is not recorded yet.
-    let (_, states) = refuted(Rules::NEW, Bounds::ci(), &[prop::NO_FAILURE_OVER_SUCCESS]);
+    let (_, states) = refuted(
+        Rules::CANCEL_FIRST,
+        Bounds::ci(),
+        &[prop::NO_FAILURE_OVER_SUCCESS],
+    );
     let (before, after) = terminal_write(&states);
     assert_eq!(after.status(), Some(Status::Cancelled));
     assert!(
@@ -119,12 +128,26 @@ fn the_implemented_cancel_records_a_success_as_cancelled() {
 }
 
 #[test]
+fn without_cancel_the_implementation_records_no_failure_over_success() {
+    let bounds = Bounds {
+        cancel: false,
+        ..Bounds::ci()
+    };
+    let report = check(&RunModel::new(Rules::NEW, bounds), 1);
+    show(&report);
+    assert!(report.exhaustive && report.all_hold(), "{report}");
+}
+
+#[test]
 fn stealing_the_last_attempt_records_a_success_as_failed() {
-    // The old last-attempt behaviour, on top of the proposed rules (where the property holds).
-    let rules = Rules::PROPOSED
-        .variant("steal-last-attempt")
-        .expect("a variant");
-    let (_, states) = refuted(rules, Bounds::ci(), &[prop::NO_FAILURE_OVER_SUCCESS]);
+    // The old last-attempt behaviour, in the implementation without cancel (where the
+    // property holds).
+    let rules = Rules::NEW.variant("steal-last-attempt").expect("a variant");
+    let bounds = Bounds {
+        cancel: false,
+        ..Bounds::ci()
+    };
+    let (_, states) = refuted(rules, bounds, &[prop::NO_FAILURE_OVER_SUCCESS]);
     let (before, after) = terminal_write(&states);
     assert_eq!(after.status(), Some(Status::Failed));
     // The steal took a new epoch while the last attempt's workload was running.

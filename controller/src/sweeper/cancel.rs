@@ -34,6 +34,31 @@ pub async fn cancel_run(
         }
         None => false,
     };
+    // While a pod of the run may still run, or succeeded without its success being recorded,
+    // nothing is declared: ask the workload to stop, and let the sweeper record how it ended
+    // (a success stays a success). The current attempt's pod counts as settled while that
+    // attempt never started: its workload waits for the lease, which the cancel takes first.
+    let unstarted_epoch = lease.as_ref().and_then(|l| {
+        RunState::parse(&l.state)
+            .ok()
+            .filter(RunState::never_started)
+            .map(|_| l.epoch)
+    });
+    let settled = pods.iter().all(|(epoch, p)| {
+        let view = pods::pod_view(Some(p));
+        (view.is_quiescent() && view.succeeded().is_none())
+            || (Some(*epoch) == unstarted_epoch && view.succeeded().is_none())
+    });
+    if !settled {
+        if lease.is_some() {
+            db.cooperative_write(&key, |s| {
+                cojob::lease::merge(s, json!({"cancel_requested": true}))
+            })
+            .await?;
+        }
+        pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
+        return Ok(false);
+    }
     if !held {
         let (run_id, fire_time, now2) = (run.run_id.clone(), run.fire_time.clone(), now.clone());
         let opts = LeaseOptions::new(cojob::new_holder(), scope.ttl()).state_fn(move |p| {
@@ -86,13 +111,14 @@ pub async fn cancel_run(
     let Some(mut handle) = db.attach_lease(&key, &holder, scope.ttl()).await? else {
         return Ok(false);
     };
-    // Computed on the freshest state: a completion that won the race is not overwritten.
+    // Computed on the freshest state: a completion that won the race is not overwritten, and a
+    // sidecar that recorded a start meanwhile (same holder) makes it refuse.
     match handle
-        .release_with(|s| run::cancel(s, &now).map_err(Into::into))
+        .release_with(|s| run::cancel_unstarted(s, &now).map_err(Into::into))
         .await
     {
         Ok(()) => {}
-        Err(StoreError::Aborted { .. }) => return Ok(true), // terminal meanwhile
+        Err(StoreError::Aborted { .. }) => return Ok(false), // started, or ended, meanwhile
         Err(e) if e.is_lease_lost() => return Ok(false),
         Err(e) => return Err(e.into()),
     }

@@ -220,12 +220,12 @@ async fn steal(
     lease: &LeaseInfo,
     pods: &RunPods,
 ) -> Result<RunReport, SweepError> {
-    // The last attempt's pod may still run (and succeed): a takeover would only record
-    // `AttemptsExhausted` over an outcome that is not known yet. Stop the pod and record how
-    // it ended instead.
+    // The last attempt's pod (or a cancelled run's) may still run, and succeed: a takeover
+    // would only record `AttemptsExhausted` (or `cancelled`) over an outcome that is not known
+    // yet. Stop the pod and record how it ended instead.
     let state = RunState::parse(&lease.state).map_err(|r| foreign(&run.run_id, r))?;
     let current = pods.get(&lease.epoch);
-    if state.attempt >= scope.max_attempts()
+    if (state.attempt >= scope.max_attempts() || state.cancel_requested)
         && !state.never_started()
         && current.is_some_and(|p| !pod_view(Some(p)).is_quiescent())
     {

@@ -159,6 +159,15 @@ impl Harness {
             )
             .await
             .expect("create namespace");
+        // Pods are refused until the service-account controller made `default`.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &ns);
+        for _ in 0..600 {
+            if sas.get_opt("default").await.expect("get sa").is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let bucket = format!("{}/{}", s3.trim_end_matches('/'), ns);
         let clock = FakeClock::at(Utc::now());
         let db = Db::new(Store::open(&bucket).await.expect("open S3")).with_clock(clock.clone());

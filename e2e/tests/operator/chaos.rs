@@ -36,23 +36,16 @@ pub enum Fault {
     FreezeSidecar,
     /// The S3 server is hung (SIGSTOP) for 15 s every 30 s.
     HangStore,
-    /// kube-apiserver is stopped and started again (`e2e/cluster/up`) every 40 s.
-    RestartApiserver,
-    /// The kubelet is stopped for 20 s (longer than ttl + allowance), then started again,
-    /// every 45 s.
-    StopKubelet,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 6] = [
         Fault::KillOneController,
         Fault::KillBothControllers,
         Fault::DeleteAfterSuccess,
         Fault::DeleteMidRun,
         Fault::FreezeSidecar,
         Fault::HangStore,
-        Fault::RestartApiserver,
-        Fault::StopKubelet,
     ];
 
     pub fn name(self) -> &'static str {
@@ -63,26 +56,14 @@ impl Fault {
             Fault::DeleteMidRun => "delete-mid-run",
             Fault::FreezeSidecar => "freeze-sidecar",
             Fault::HangStore => "hang-store",
-            Fault::RestartApiserver => "restart-apiserver",
-            Fault::StopKubelet => "stop-kubelet",
         }
     }
 }
 
-/// The scenarios `ci/test` runs when `COJOB_CHAOS_SCENARIOS` is unset.
-pub const DEFAULT: [Fault; 6] = [
-    Fault::KillOneController,
-    Fault::KillBothControllers,
-    Fault::DeleteAfterSuccess,
-    Fault::DeleteMidRun,
-    Fault::FreezeSidecar,
-    Fault::HangStore,
-];
-
-/// The scenarios chosen by `COJOB_CHAOS_SCENARIOS` ([`DEFAULT`] when unset; `all` for all).
+/// The scenarios chosen by `COJOB_CHAOS_SCENARIOS` (all when unset or `all`).
 pub fn selected() -> anyhow::Result<Vec<Fault>> {
     let Ok(list) = std::env::var("COJOB_CHAOS_SCENARIOS") else {
-        return Ok(DEFAULT.to_vec());
+        return Ok(Fault::ALL.to_vec());
     };
     if list.trim() == "all" || list.trim().is_empty() {
         return Ok(Fault::ALL.to_vec());
@@ -182,43 +163,6 @@ fn store_pid() -> Option<i32> {
         }
     }
     None
-}
-
-/// Stops a component of the local cluster (its pid file, as `e2e/cluster/lib.sh` writes it).
-fn stop_component(name: &str) -> anyhow::Result<()> {
-    let state = std::env::var("COJOB_E2E_STATE").unwrap_or_else(|_| "/var/lib/cojob-e2e".into());
-    let pidfile = std::path::Path::new(&state)
-        .join("run")
-        .join(format!("{name}.pid"));
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .with_context(|| format!("reading {}", pidfile.display()))?
-        .trim()
-        .parse()
-        .with_context(|| format!("a pid in {}", pidfile.display()))?;
-    super::faults::signal(pid, "-TERM")?;
-    for _ in 0..150 {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    super::faults::signal(pid, "-KILL")
-}
-
-/// Starts whatever of the local cluster is not running (`e2e/cluster/up` is idempotent).
-async fn cluster_up() -> anyhow::Result<()> {
-    let out = tokio::process::Command::new(repo_root().join("e2e/cluster/up"))
-        .current_dir(repo_root())
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .context("running e2e/cluster/up")?;
-    ensure!(
-        out.status.success(),
-        "e2e/cluster/up failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
 }
 
 fn main_running(pod: &Pod) -> bool {
@@ -322,20 +266,6 @@ async fn inject(
                     let pid = store_pid().context("the S3 server's process")?;
                     super::faults::signal(pid, "-STOP")?;
                     hung = Some((pid, tokio::time::Instant::now()));
-                    strikes += 1;
-                    last = tokio::time::Instant::now();
-                }
-            }
-            Fault::RestartApiserver | Fault::StopKubelet => {
-                let (component, period, down) = if fault == Fault::RestartApiserver {
-                    ("kube-apiserver", 40, 0)
-                } else {
-                    ("kubelet", 45, 20)
-                };
-                if last.elapsed() >= every(period) {
-                    stop_component(component)?;
-                    tokio::time::sleep(every(down)).await;
-                    cluster_up().await?;
                     strikes += 1;
                     last = tokio::time::Instant::now();
                 }
