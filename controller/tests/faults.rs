@@ -273,7 +273,7 @@ async fn an_edited_schedule_starts_from_the_edit() {
         reasons.iter().any(|r| r == "ScheduleChanged"),
         "{reasons:?}"
     );
-    h.advance(Duration::from_secs(5 * 60 + 1));
+    h.advance(Duration::from_secs(5 * 60)); // (now, now + 300 s] holds exactly one tick
     h.settle("edit", 1).await;
     assert_eq!(
         h.decisions("edit").await.len(),
@@ -296,17 +296,23 @@ async fn losing_the_index_does_not_rerun_old_ticks() {
     h.settle("minutely", 1).await;
     h.advance(Duration::from_secs(61));
     h.settle("minutely", 1).await;
+    // One tick, or two when the job was created just before a minute boundary.
     let ran = h.decisions("minutely").await;
-    assert_eq!(ran.len(), 1, "{ran:?}");
-    let pod = h.live_pod_names("minutely").await.remove(0);
-    h.finish_pod(&pod, 0).await;
+    assert!(!ran.is_empty(), "a tick ran");
+    let pods = h.live_pod_names("minutely").await;
+    assert!(!pods.is_empty(), "{ran:?}");
+    for pod in &pods {
+        h.finish_pod(pod, 0).await;
+    }
     h.settle("minutely", 2).await;
     // Everything of the job in the bucket expires, and its pods are collected.
     let base = h.keys("minutely").await.base().to_string();
     for key in h.db.store().list(&base).await.unwrap() {
         h.db.store().delete(&key).await.unwrap();
     }
-    h.delete_pod_now(&pod).await;
+    for pod in &pods {
+        h.delete_pod_now(pod).await;
+    }
     h.settle("minutely", 2).await;
     assert!(
         h.decisions("minutely").await.is_empty(),
