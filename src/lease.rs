@@ -681,7 +681,19 @@ impl Db {
         if doc.epoch != epoch || doc.holder.as_deref() != Some(holder) {
             return Ok(None);
         }
-        Ok(Some(Lease {
+        Ok(Some(self.handle(key, holder, ttl, doc, version)))
+    }
+
+    /// A handle on an ownership period the caller checked is `holder`'s.
+    fn handle(
+        &self,
+        key: String,
+        holder: &str,
+        ttl: Duration,
+        doc: LeaseDoc,
+        version: Version,
+    ) -> Lease {
+        Lease {
             db: self.clone(),
             key,
             ttl,
@@ -689,7 +701,7 @@ impl Db {
             holder: holder.to_string(),
             version,
             released: false,
-        }))
+        }
     }
 
     fn attach(
@@ -705,15 +717,7 @@ impl Db {
         if doc.holder.as_deref() != Some(holder) || doc.expired_at(self.clock().now()) {
             return Ok(None);
         }
-        Ok(Some(Lease {
-            db: self.clone(),
-            key,
-            ttl,
-            doc,
-            holder: holder.to_string(),
-            version,
-            released: false,
-        }))
+        Ok(Some(self.handle(key, holder, ttl, doc, version)))
     }
 
     /// Reads a lease without acquiring it: one read, no write. `None` when absent; a document
