@@ -501,7 +501,15 @@ async fn a_recreated_job_starts_afresh() {
     h.settle("again", 1).await;
     h.delete_pod_now("again-once-1").await;
     h.create_job("again", json!({})).await;
-    h.settle("again", 2).await;
+    // The old object's holder Secret (same name) goes with the garbage collector, in its time;
+    // until then the dispatch waits.
+    for _ in 0..50 {
+        h.settle("again", 1).await;
+        if !h.live_pod_names("again").await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let second = h.keys("again").await;
     assert_ne!(first, second);
     assert_eq!(h.live_pod_names("again").await, ["again-once-1"]);
