@@ -93,6 +93,17 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// The bucket (S3, GCS) or container (Azure) named by the store URL does not exist.
+    #[error("{op} {key:?}: the bucket does not exist: {source}")]
+    NoSuchBucket {
+        /// The operation.
+        op: Op,
+        /// The key.
+        key: String,
+        /// The backend's error.
+        #[source]
+        source: BoxError,
+    },
     /// The store could not be reached or answered with a server error (after retries).
     #[error("{op} {key:?}: store unavailable: {source}")]
     Unavailable {

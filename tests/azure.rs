@@ -28,3 +28,22 @@ async fn wrong_credentials_are_a_typed_access_denied_error() {
     let err = cojob::Db::new(store).claim("k", &1).await.unwrap_err();
     assert!(err.to_string().contains("access denied"), "{err}");
 }
+
+#[tokio::test]
+async fn a_missing_container_is_a_typed_error() {
+    common::required_env("COJOB_TEST_AZ_URL");
+    let store = cojob::Store::open("az://cojob-no-such-container/p")
+        .await
+        .unwrap();
+    let err = store.get("k").await.unwrap_err();
+    assert!(
+        matches!(err, cojob::StoreError::NoSuchBucket { .. }),
+        "a read is not \"no document\": {err:?}"
+    );
+    let err = store.verify_conditional_writes().await.unwrap_err();
+    assert!(
+        matches!(err, cojob::StoreError::NoSuchBucket { .. }),
+        "{err:?}"
+    );
+    assert!(!format!("{err}").contains("<?xml"), "{err}");
+}

@@ -69,6 +69,23 @@ pub fn forwarded_env(
         .collect()
 }
 
+/// Why the controller will not start on `bucket`, in the words a user can act on, with the
+/// store's error (its reply, without the raw body) as the cause.
+fn refusal(bucket: &str, err: cojob::StoreError) -> anyhow::Error {
+    use cojob::StoreError;
+    let why = match &err {
+        StoreError::NoConditionalWrites { .. } => "it does not honour conditional writes",
+        StoreError::NoSuchBucket { .. } => "the bucket does not exist",
+        StoreError::AccessDenied { .. } => {
+            "the store refused the credentials (check the credentials Secret or the AWS_*, \
+             AZURE_* or GOOGLE_* variables)"
+        }
+        StoreError::Unavailable { .. } => "the store cannot be reached",
+        _ => "its start-up check failed",
+    };
+    anyhow::Error::new(err).context(format!("refusing to start on {bucket}: {why}"))
+}
+
 /// Runs the operator until SIGTERM: checks that the bucket honours conditional writes (fails
 /// closed otherwise), then reconciles.
 pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
@@ -78,7 +95,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     db.store()
         .verify_conditional_writes()
         .await
-        .context("the store does not honour conditional writes; refusing to start")?;
+        .map_err(|e| refusal(&args.bucket, e))?;
     let client = Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;

@@ -2,6 +2,9 @@
 //! (the local one from `e2e/cluster/up`, or kind from `e2e/kind/up`) and a real S3 server named
 //! by `COJOB_TEST_S3_URL` and the `AWS_*` variables.
 
+pub mod component;
+pub mod proxy;
+
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};

@@ -66,6 +66,9 @@ struct Ctx {
     /// The controller's bucket URL: a fresh prefix per run.
     bucket: String,
     store: cojob::Store,
+    /// The proxy every controller and sidecar reaches the S3 server through (the chaos suite's
+    /// slow store); `None` with custom Helm values (`COJOB_E2E_HELM_VALUES`).
+    store_proxy: Option<cojob_e2e::proxy::LatencyProxy>,
 }
 
 fn now_secs() -> i64 {
@@ -538,6 +541,20 @@ async fn release_exists() -> anyhow::Result<bool> {
     Ok(out.lines().any(|l| l.trim() == RELEASE))
 }
 
+/// A [`LatencyProxy`](cojob_e2e::proxy::LatencyProxy) in front of the S3 server of
+/// `AWS_ENDPOINT_URL` (`ci/test-servers`: `http://127.0.0.1:9000`).
+async fn start_store_proxy() -> cojob_e2e::proxy::LatencyProxy {
+    let endpoint = required_env("AWS_ENDPOINT_URL");
+    let upstream: std::net::SocketAddr = endpoint
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap_or_else(|e| panic!("AWS_ENDPOINT_URL={endpoint}: not http://<ip>:<port>: {e}"));
+    cojob_e2e::proxy::LatencyProxy::start(upstream)
+        .await
+        .expect("a proxy on 127.0.0.1 in front of the S3 server")
+}
+
 async fn install(ctx: &Ctx) -> anyhow::Result<()> {
     if release_exists().await? {
         println!("a previous run left release {RELEASE}; uninstalling it first");
@@ -567,6 +584,25 @@ async fn install(ctx: &Ctx) -> anyhow::Result<()> {
         "replicaCount={}",
         std::env::var("COJOB_E2E_REPLICAS").unwrap_or_else(|_| "2".into())
     );
+    // With this repository's values, the store is reached through the test's proxy.
+    let env = ctx
+        .store_proxy
+        .as_ref()
+        .map(|p| {
+            format!(
+                "env={}",
+                json!([
+                    {"name": "AWS_ENDPOINT_URL", "value": format!("http://{}", p.addr())},
+                    {"name": "AWS_ALLOW_HTTP", "value": "true"},
+                    {"name": "AWS_REGION", "value": "us-east-1"},
+                ])
+            )
+        })
+        .unwrap_or_default();
+    let mut extra: Vec<&str> = Vec::new();
+    if !env.is_empty() {
+        extra.extend(["--set-json", env.as_str()]);
+    }
     let started = tokio::time::Instant::now();
     let out = run_tool(
         "helm",
@@ -587,7 +623,10 @@ async fn install(ctx: &Ctx) -> anyhow::Result<()> {
             "--wait",
             "--timeout",
             "3m",
-        ],
+        ]
+        .into_iter()
+        .chain(extra)
+        .collect::<Vec<_>>(),
     )
     .await?;
     println!(
@@ -1292,10 +1331,15 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
     let store = cojob::Store::open(&bucket)
         .await
         .expect("open the test bucket");
+    let store_proxy = match std::env::var("COJOB_E2E_HELM_VALUES") {
+        Ok(_) => None,
+        Err(_) => Some(start_store_proxy().await),
+    };
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         bucket,
         store,
+        store_proxy,
     });
     let started = tokio::time::Instant::now();
     println!(

@@ -64,7 +64,7 @@ mod remote;
 mod stats;
 
 pub use dir::DirBackend;
-pub use remote::ObjectStoreBackend;
+pub use remote::{ObjectStoreBackend, Reply};
 pub use stats::{Outcome, StoreStats};
 
 use async_trait::async_trait;

@@ -11,7 +11,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::{Backend, PutMode, PutOutcome, StoredObject, Version};
-use crate::error::{Op, StoreError};
+use crate::error::{BoxError, Op, StoreError};
 
 /// The user-metadata key that carries a write's token.
 pub(crate) const TOKEN_METADATA: &str = "cojobwrite";
@@ -81,24 +81,103 @@ fn path(key: &str) -> Result<Path, StoreError> {
     })
 }
 
-/// Maps an `object_store` error to a [`StoreError`].
+/// Maps an `object_store` error to a [`StoreError`] whose source is a [`Reply`]: what the
+/// server said, without the raw response body.
 fn classify(op: Op, key: &str, err: object_store::Error) -> StoreError {
     let key = key.to_string();
-    match err {
-        object_store::Error::PermissionDenied { source, .. }
-        | object_store::Error::Unauthenticated { source, .. } => {
-            StoreError::AccessDenied { op, key, source }
-        }
-        object_store::Error::Generic { source, .. } if is_unavailable(source.as_ref()) => {
-            StoreError::Unavailable { op, key, source }
-        }
-        other => StoreError::Backend {
-            op,
-            key,
-            source: Box::new(other),
-        },
+    let reply = Reply::of(&err);
+    let status = reply.status;
+    let denied = matches!(
+        err,
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
+    ) || matches!(status, Some(401 | 403));
+    let unavailable = matches!(&err, object_store::Error::Generic { source, .. } if is_unavailable(source.as_ref()));
+    let source: BoxError = Box::new(reply);
+    if missing_bucket(&err) {
+        StoreError::NoSuchBucket { op, key, source }
+    } else if denied {
+        StoreError::AccessDenied { op, key, source }
+    } else if unavailable {
+        StoreError::Unavailable { op, key, source }
+    } else {
+        StoreError::Backend { op, key, source }
     }
 }
+
+/// True when the server said the bucket or container does not exist (S3 `NoSuchBucket`,
+/// Azure `ContainerNotFound`), which `object_store` reports as a plain not-found.
+fn missing_bucket(err: &object_store::Error) -> bool {
+    let text = err.to_string();
+    text.contains("NoSuchBucket") || text.contains("ContainerNotFound")
+}
+
+/// A store's error reply cut down to what a user can act on: the HTTP status, and the S3 or
+/// Azure error code and message. The raw body (canonical request, string to sign, request ids,
+/// access key id) and the request URL are dropped; the operation and key are in the
+/// [`StoreError`] around it.
+#[derive(Debug)]
+pub struct Reply {
+    status: Option<u16>,
+    text: String,
+}
+
+impl Reply {
+    /// Summarises `err` (see the type's documentation).
+    fn of(err: &object_store::Error) -> Reply {
+        // The deepest message of the chain carries the server's answer.
+        let mut deepest = err.to_string();
+        let mut cause = std::error::Error::source(err);
+        while let Some(e) = cause {
+            deepest = e.to_string();
+            cause = e.source();
+        }
+        let full = err.to_string();
+        let status = full
+            .split("status code: ")
+            .nth(1)
+            .or_else(|| deepest.split("status code: ").nth(1))
+            .and_then(|rest| rest.get(..3))
+            .and_then(|code| code.parse::<u16>().ok());
+        let tag = |name: &str| {
+            let open = format!("<{name}>");
+            let close = format!("</{name}>");
+            let start = full.find(&open)? + open.len();
+            let len = full[start..].find(&close)?;
+            Some(full[start..start + len].trim().to_string())
+        };
+        let text = match (tag("Code"), tag("Message")) {
+            (Some(code), Some(message)) => {
+                let line = full
+                    .split("status code: ")
+                    .nth(1)
+                    .and_then(|rest| rest.split(':').next())
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string();
+                format!("{line}: {code}: {message}")
+            }
+            _ => {
+                // No XML error document: a transport failure or a bare status. Keep the text
+                // before any body, bounded.
+                let head = deepest.split("<?xml").next().unwrap_or_default().trim();
+                let mut end = head.len().min(300);
+                while !head.is_char_boundary(end) {
+                    end -= 1;
+                }
+                head[..end].to_string()
+            }
+        };
+        Reply { status, text }
+    }
+}
+
+impl fmt::Display for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Reply {}
 
 /// True for transport failures and server-side errors (5xx, 429, 408) that outlasted
 /// `object_store`'s own retries. `object_store` does not export its retry error, so a status is
@@ -127,7 +206,9 @@ impl Backend for ObjectStoreBackend {
         let location = path(key)?;
         let result = match self.inner.get(&location).await {
             Ok(r) => r,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e @ object_store::Error::NotFound { .. }) if !missing_bucket(&e) => {
+                return Ok(None);
+            }
             Err(e) => return Err(classify(Op::Get, key, e)),
         };
         let version = Version {
@@ -196,7 +277,9 @@ impl Backend for ObjectStoreBackend {
                 | object_store::Error::Precondition { .. }
                 | object_store::Error::NotModified { .. },
             ) => Ok(PutOutcome::Conflict(None)),
-            Err(object_store::Error::NotFound { .. }) if op == Op::PutIfMatch => {
+            Err(e @ object_store::Error::NotFound { .. })
+                if op == Op::PutIfMatch && !missing_bucket(&e) =>
+            {
                 Ok(PutOutcome::Conflict(None))
             }
             Err(e) => Err(classify(op, key, e)),
@@ -205,7 +288,8 @@ impl Backend for ObjectStoreBackend {
 
     async fn delete(&self, key: &str) -> Result<(), StoreError> {
         match self.inner.delete(&path(key)?).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Ok(()) => Ok(()),
+            Err(e @ object_store::Error::NotFound { .. }) if !missing_bucket(&e) => Ok(()),
             Err(e) => Err(classify(Op::Delete, key, e)),
         }
     }

@@ -24,6 +24,8 @@ use super::*;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// `kill -9` of one controller process every 20 s (the kubelet restarts it).
+    ///
+    /// Every fault strikes first 10 s into the period (the kubelet 20 s), then at its period.
     KillOneController,
     /// `kill -9` of every controller process every 20 s.
     KillBothControllers,
@@ -36,16 +38,27 @@ pub enum Fault {
     FreezeSidecar,
     /// The S3 server is hung (SIGSTOP) for 15 s every 30 s.
     HangStore,
+    /// Every request to the store arrives 4 s late (the test's proxy holds each chunk a client
+    /// sends, past ttl/3), for 15 s every 30 s.
+    SlowStore,
+    /// The kube-apiserver is killed (`kill -9`) and started again every 30 s.
+    RestartApiserver,
+    /// The kubelet is stopped (`kill -9`; its containers keep running) for 20 s, past
+    /// ttl + allowance, every 40 s, then started again.
+    StopKubelet,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 9] = [
         Fault::KillOneController,
         Fault::KillBothControllers,
         Fault::DeleteAfterSuccess,
         Fault::DeleteMidRun,
         Fault::FreezeSidecar,
         Fault::HangStore,
+        Fault::SlowStore,
+        Fault::RestartApiserver,
+        Fault::StopKubelet,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +69,9 @@ impl Fault {
             Fault::DeleteMidRun => "delete-mid-run",
             Fault::FreezeSidecar => "freeze-sidecar",
             Fault::HangStore => "hang-store",
+            Fault::SlowStore => "slow-store",
+            Fault::RestartApiserver => "restart-apiserver",
+            Fault::StopKubelet => "stop-kubelet",
         }
     }
 }
@@ -189,7 +205,10 @@ async fn inject(
     let mut strikes = 0;
     let mut frozen: Option<(i32, tokio::time::Instant)> = None;
     let mut hung: Option<(i32, tokio::time::Instant)> = None;
-    let mut last = tokio::time::Instant::now();
+    let mut slow: Option<tokio::time::Instant> = None;
+    let mut kubelet: Option<(cojob_e2e::component::Stopped, tokio::time::Instant)> = None;
+    // The first strike comes 10 s in (20 s for the kubelet), then at the fault's period.
+    let mut last = tokio::time::Instant::now() - Duration::from_secs(20);
     let every = |secs: u64| Duration::from_secs(secs);
     while !stop.load(Ordering::SeqCst) {
         match fault {
@@ -270,12 +289,58 @@ async fn inject(
                     last = tokio::time::Instant::now();
                 }
             }
+            Fault::SlowStore => {
+                let proxy = ctx.store_proxy.as_ref().context(
+                    "slow-store needs the test's store proxy (no COJOB_E2E_HELM_VALUES)",
+                )?;
+                if slow.is_some_and(|since| since.elapsed() >= every(15)) {
+                    proxy.set_delay(Duration::ZERO);
+                    slow = None;
+                }
+                if slow.is_none() && last.elapsed() >= every(30) {
+                    proxy.set_delay(Duration::from_secs(4));
+                    slow = Some(tokio::time::Instant::now());
+                    strikes += 1;
+                    last = tokio::time::Instant::now();
+                }
+            }
+            Fault::RestartApiserver => {
+                if last.elapsed() >= every(30) {
+                    let apiserver = cojob_e2e::component::Component::new("kube-apiserver");
+                    apiserver.stop("-KILL").await?.start()?;
+                    strikes += 1;
+                    last = tokio::time::Instant::now();
+                }
+            }
+            Fault::StopKubelet => {
+                if kubelet
+                    .as_ref()
+                    .is_some_and(|(_, since)| since.elapsed() >= every(20))
+                    && let Some((stopped, _)) = kubelet.take()
+                {
+                    stopped.start()?;
+                }
+                if kubelet.is_none() && last.elapsed() >= every(40) {
+                    let stopped = cojob_e2e::component::Component::new("kubelet")
+                        .stop("-KILL")
+                        .await?;
+                    kubelet = Some((stopped, tokio::time::Instant::now()));
+                    strikes += 1;
+                    last = tokio::time::Instant::now();
+                }
+            }
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    // Never leave a process stopped.
+    // Never leave a process stopped, or the store slow.
     for (pid, _) in frozen.into_iter().chain(hung) {
         let _ = super::faults::signal(pid, "-CONT");
+    }
+    if let Some(proxy) = &ctx.store_proxy {
+        proxy.set_delay(Duration::ZERO);
+    }
+    if let Some((stopped, _)) = kubelet {
+        stopped.start()?;
     }
     Ok(strikes)
 }
@@ -340,13 +405,18 @@ pub async fn scenario(ctx: Arc<Ctx>, ns: String, fault: Fault) -> anyhow::Result
     .await?;
     // Stop new ticks, then let the runs in flight finish (controllers restart, the store
     // resumes, leases expire and are taken over).
-    coordinated_jobs(&ctx.client, &ns)
-        .patch(
-            job,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"suspend": true}})),
-        )
-        .await?;
+    // (Retried: the apiserver may still be starting after the last restart.)
+    wait_for("the job suspended", Duration::from_secs(60), || async {
+        coordinated_jobs(&ctx.client, &ns)
+            .patch(
+                job,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"suspend": true}})),
+            )
+            .await?;
+        Ok(Some(()))
+    })
+    .await?;
     let suspended = now_secs();
     let settled = wait_for(
         "every run of the window to end",

@@ -1,0 +1,75 @@
+//! `cojob controller` refuses to start on a store it cannot use, and says why in words a user
+//! can act on: a missing bucket, wrong credentials. It runs as a real process against the real
+//! S3 server (`COJOB_TEST_S3_URL`, `AWS_*`); it stops before it needs the Kubernetes API.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn required_env(var: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: run `ci/test-servers up` and source its env file, or `ci/test`")
+    })
+}
+
+/// Runs the controller on `bucket` with `env` added; returns its exit status and stderr.
+fn controller(bucket: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
+    required_env("COJOB_TEST_S3_URL");
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_cojob"))
+        .args([
+            "controller",
+            "--bucket",
+            bucket,
+            "--sidecar-image",
+            "unused",
+        ])
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run cojob controller");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "the refusal took {:?}",
+        started.elapsed()
+    );
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_missing_bucket_is_refused_naming_the_bucket() {
+    let (status, stderr) = controller("s3://cojob-no-such-bucket/cojob", &[]);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "refusing to start on s3://cojob-no-such-bucket/cojob: the bucket does not exist"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("NoSuchBucket"), "{stderr}");
+    assert!(!stderr.contains("<?xml"), "the raw reply leaks: {stderr}");
+}
+
+#[test]
+fn wrong_credentials_are_refused_without_the_raw_reply() {
+    let bucket = format!(
+        "{}/startup-denied",
+        required_env("COJOB_TEST_S3_URL").trim_end_matches('/')
+    );
+    let (status, stderr) = controller(&bucket, &[("AWS_SECRET_ACCESS_KEY", "not-the-secret")]);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "refusing to start on {bucket}: the store refused the credentials"
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("403"), "{stderr}");
+    assert!(
+        !stderr.contains("StringToSign") && !stderr.contains("<?xml"),
+        "signature material leaks: {stderr}"
+    );
+}
