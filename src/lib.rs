@@ -99,6 +99,7 @@ pub mod clock;
 mod db;
 mod doc;
 pub mod error;
+pub mod fence;
 pub mod json;
 pub mod lease;
 pub mod store;
@@ -109,5 +110,5 @@ pub use db::{BACKOFF_BASE, BACKOFF_CAP, DEFAULT_MAX_ATTEMPTS, Db, MAX_DOCUMENT_B
 pub use doc::Doc;
 pub use error::{BoxError, Error, LostReason, Result, StoreError};
 pub use lease::{Lease, LeaseInfo, LeaseOptions, StateFn};
-pub use store::{PutMode, PutOutcome, Store, Version};
+pub use store::{ClockOffset, PutMode, PutOutcome, Store, Version};
 pub use token::new_holder;

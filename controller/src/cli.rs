@@ -122,8 +122,16 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         db,
         settings,
     });
-    crate::reconcile::run(cx, args.namespace.as_deref())
-        .await
+    // Reports this controller's clock skew against the store's (log and Event), now and
+    // every few minutes; it ends with the process.
+    let skew = tokio::spawn(crate::skew::watch(
+        cx.db.store().clone(),
+        cx.settings.clock_skew_allowance,
+        crate::skew::Reporter::new(cx.recorder.clone()),
+    ));
+    let result = crate::reconcile::run(cx, args.namespace.as_deref()).await;
+    skew.abort();
+    result
         .context("watching CoordinatedJobs (is the CRD installed and may this account list it?)")?;
     tracing::info!("controller stopped");
     Ok(())

@@ -178,11 +178,6 @@ impl<'a> JobScope<'a> {
         }
     }
 
-    /// A Normal Event.
-    pub async fn normal(&self, reason: &str, note: String) {
-        self.event(EventType::Normal, reason, note).await;
-    }
-
     /// A Warning Event.
     pub async fn warning(&self, reason: &str, note: String) {
         self.event(EventType::Warning, reason, note).await;

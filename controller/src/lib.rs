@@ -8,9 +8,11 @@
 //! - [`sidecar`]: the lease keeper inside each pod; [`cli`]: the `controller` and `drain`
 //!   commands; [`context`]: what they share.
 
+pub mod announce;
 pub mod cli;
 pub mod context;
 pub mod crd;
+pub mod fence;
 pub mod index;
 pub mod layout;
 pub mod pod;
@@ -18,4 +20,6 @@ pub mod reconcile;
 pub mod run;
 pub mod schedule;
 pub mod sidecar;
+pub mod skew;
 pub mod sweeper;
+pub mod wrap;

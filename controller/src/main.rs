@@ -1,5 +1,5 @@
-//! `cojob`: the operator binary: `controller`, `sidecar`, `crd`, `drain`, `probe-store` and
-//! `version`, plus the hidden test helper `smoke-sidecar` that the cluster smoke test runs as a
+//! `cojob`: the operator binary: `controller`, `sidecar`, `crd`, `drain`, `probe-store`,
+//! `fenced-put` (for workloads) and `version`, plus the hidden test helper `smoke-sidecar` that the cluster smoke test runs as a
 //! native sidecar.
 
 mod smoke;
@@ -30,6 +30,11 @@ enum Command {
         #[arg(long, env = "COJOB_BUCKET")]
         bucket: String,
     },
+    /// Writes a workload's result fenced by its attempt's epoch (exit 3: a newer attempt wrote).
+    FencedPut(cojob_controller::fence::FencedPutArgs),
+    /// Runs a workload command under the lease's self-fence (the pod builder prefixes each
+    /// workload container's command with it).
+    Wrap(cojob_controller::wrap::Args),
     /// Keeps a run's lease alive from inside its pod (the injected native sidecar).
     Sidecar(cojob_controller::sidecar::Args),
     /// The sidecar's startup probe: exits 0 once the sidecar holds the lease.
@@ -91,6 +96,14 @@ async fn main() -> anyhow::Result<()> {
             store.verify_conditional_writes().await?;
             println!("{}: conditional writes verified", store.description());
             Ok(())
+        }
+        Command::FencedPut(args) => {
+            let code = cojob_controller::fence::run(args).await?;
+            std::process::exit(code);
+        }
+        Command::Wrap(args) => {
+            let code = cojob_controller::wrap::run(args).await?;
+            std::process::exit(code);
         }
         Command::Sidecar(args) => {
             let outcome = cojob_controller::sidecar::run(args, shutdown_signal()).await?;

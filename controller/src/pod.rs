@@ -184,11 +184,31 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
     }
 }
 
+/// Starts a workload container's `command` under `cojob wrap` (the self-fence, see
+/// [`crate::wrap`]): `[<shared>/cojob, wrap, --ttl-seconds, <ttl>, --, <command>...]`; its
+/// `args` follow as before. A container without a `command` runs its image's entrypoint,
+/// which the pod builder cannot see, and is left as it is.
+fn wrapped(mut c: Container, ttl_seconds: i64) -> Container {
+    if let Some(command) = c.command.take().filter(|c| !c.is_empty()) {
+        let mut full = vec![
+            format!("{SHARED_MOUNT}/{}", crate::sidecar::WRAPPER_FILE),
+            "wrap".into(),
+            "--ttl-seconds".into(),
+            ttl_seconds.to_string(),
+            "--".into(),
+        ];
+        full.extend(command);
+        c.command = Some(full);
+    }
+    c
+}
+
 /// Builds the pod of one attempt from the job's template.
 ///
 /// - name `<runId>-<epoch>`, in the job's namespace, owned by the job;
 /// - labels for the job, run and epoch (on top of the template's);
 /// - `COJOB_*` env in every container; the shared volume in every container;
+/// - each workload container's `command` under `cojob wrap`, the self-fence;
 /// - the sidecar first among the init containers, so it starts before the others;
 /// - `restartPolicy: Never`: a failed attempt is retried under a new epoch, not restarted;
 /// - the [`RESULT_FINALIZER`], so the pod's outcome outlives a deletion until it is recorded.
@@ -225,7 +245,13 @@ pub fn build_pod(
             .push(shared_mount());
         c
     };
-    spec.containers = spec.containers.into_iter().map(with_run).collect();
+    let ttl = cfg.ttl_seconds;
+    spec.containers = spec
+        .containers
+        .into_iter()
+        .map(with_run)
+        .map(|c| wrapped(c, ttl))
+        .collect();
     let mut init = vec![sidecar(run, cfg)];
     init.extend(
         spec.init_containers
@@ -295,6 +321,52 @@ mod tests {
             credentials_secret: Some("cojob-store".into()),
         };
         build_pod(&template(), "ns", owner, "nightly", &run(), &cfg, Some(600))
+    }
+
+    #[test]
+    fn a_workload_command_runs_under_the_wrapper() {
+        let c = |v: serde_json::Value| -> Container { serde_json::from_value(v).unwrap() };
+        let w = wrapped(
+            c(
+                serde_json::json!({"name": "main", "command": ["sh", "-c", "work $(COJOB_RUN_ID)"], "args": ["x"]}),
+            ),
+            30,
+        );
+        assert_eq!(
+            w.command.unwrap(),
+            [
+                "/var/run/cojob/cojob",
+                "wrap",
+                "--ttl-seconds",
+                "30",
+                "--",
+                "sh",
+                "-c",
+                "work $(COJOB_RUN_ID)"
+            ]
+        );
+        assert_eq!(w.args.unwrap(), ["x"], "args follow unchanged");
+        let bare = wrapped(c(serde_json::json!({"name": "main", "args": ["x"]})), 30);
+        assert_eq!(bare.command, None, "an image entrypoint cannot be wrapped");
+        // In a whole pod: the workload container is wrapped, init containers are not.
+        let mut t = template();
+        t.spec.as_mut().unwrap().containers[0].command = Some(vec!["etl".into()]);
+        let owner = OwnerReference::default();
+        let cfg = SidecarConfig {
+            image: "i".into(),
+            bucket: "s3://b/p".into(),
+            env: vec![],
+            ttl_seconds: 12,
+            credentials_secret: None,
+        };
+        let pod = build_pod(&t, "ns", owner, "nightly", &run(), &cfg, None);
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.containers[0].command.as_ref().unwrap()[3], "12");
+        assert!(spec.init_containers.unwrap().iter().all(|i| {
+            i.command
+                .as_ref()
+                .is_none_or(|c| c[0] != "/var/run/cojob/cojob")
+        }));
     }
 
     #[test]

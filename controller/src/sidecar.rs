@@ -10,6 +10,11 @@
 //!   clock (the controller may take the run over from then on). The sidecar then stops renewing
 //!   and exits with [`EXIT_LEASE_LOST`].
 //!
+//! - `renewed` holds the node's boot-time clock (ms) at which the last successful renewal was
+//!   sent, so the workload's wrapper ([`crate::wrap`]) kills the workload once the deadline
+//!   it implies passed, even if this sidecar is frozen;
+//! - `cojob` is a copy of this binary, the wrapper the workload's command runs under.
+//!
 //! It attaches to its own epoch only, so a pod never serves another attempt even if a holder
 //! were reused, and it ignores the lease's deadline when attaching (a node clock running ahead
 //! would otherwise see a fresh lease as expired): its first renewal is a compare-and-swap that
@@ -133,6 +138,9 @@ pub async fn run(
             ));
         }
     }
+    // The workload's wrapper (`cojob wrap`) runs from the shared volume; it is in place
+    // before the startup probe can pass.
+    install_wrapper(dir)?;
     let db = Db::open(&args.bucket).await?;
     let Some(mut lease) = db
         .resume_lease(&args.lease_key, &args.holder, args.epoch, ttl)
@@ -151,7 +159,9 @@ pub async fn run(
     // `renewed` is taken before each request, so the sidecar's view of its deadline is never
     // later than the one it wrote.
     let mut sent = Instant::now();
+    let mut sent_ms = crate::wrap::boot_clock_ms();
     let mut renewed = sent;
+    let mut renewed_ms = sent_ms;
     if let Err(e) = lease.renew().await {
         tracing::warn!(key = args.lease_key, error = %e, "first renewal failed");
         if e.is_lease_lost() {
@@ -161,6 +171,11 @@ pub async fn run(
         // The controller renews a pending attempt when a third of the ttl is gone, so the
         // deadline it left may be only a third of the ttl away.
         renewed = sent.checked_sub(ttl * 2 / 3).unwrap_or(sent);
+        renewed_ms = sent_ms.saturating_sub(u64::try_from((ttl * 2 / 3).as_millis()).unwrap_or(0));
+    }
+    // What the wrapper fences the workload by: the deadline this sidecar last wrote.
+    if let Err(e) = crate::wrap::mark_renewed(dir, renewed_ms) {
+        tracing::warn!(error = %e, "could not record the renewal for the wrapper");
     }
     let started = cojob::json::format_time(chrono::Utc::now());
     let (pod, node) = (args.pod.clone(), args.node.clone());
@@ -183,6 +198,8 @@ pub async fn run(
     }
     tokio::pin!(shutdown);
     let mut result = first;
+    // Only a renewal extends the deadline; the state update above does not.
+    let mut from_renewal = false;
     loop {
         // After a failed renewal, retry sooner, so a passing store outage does not cost the lease.
         let pause = if result.is_ok() {
@@ -192,7 +209,12 @@ pub async fn run(
         };
         match result {
             Ok(()) => {
-                renewed = sent;
+                if from_renewal {
+                    renewed = sent;
+                    if let Err(e) = crate::wrap::mark_renewed(dir, sent_ms) {
+                        tracing::warn!(error = %e, "could not record the renewal for the wrapper");
+                    }
+                }
                 show_cancel(dir, lease.state());
             }
             Err(Error::LeaseLost { reason, .. }) => {
@@ -226,6 +248,25 @@ pub async fn run(
             () = tokio::time::sleep(pause) => {}
         }
         sent = Instant::now();
+        sent_ms = crate::wrap::boot_clock_ms();
         result = lease.renew().await;
+        from_renewal = true;
     }
 }
+
+/// Copies this (static) binary into the shared volume as `cojob`, for the workload's wrapper:
+/// to a temporary name, then renamed, so a workload never runs a partial file.
+fn install_wrapper(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let exe = std::env::current_exe()?;
+    let tmp = dir.join(".cojob.tmp");
+    std::fs::copy(&exe, &tmp).map_err(|e| {
+        anyhow::anyhow!("cannot copy {} into {}: {e}", exe.display(), dir.display())
+    })?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, dir.join(WRAPPER_FILE))?;
+    Ok(())
+}
+
+/// The wrapper's file name in the shared volume.
+pub const WRAPPER_FILE: &str = "cojob";

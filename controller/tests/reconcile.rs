@@ -702,3 +702,97 @@ async fn a_corrupt_index_or_tick_claim_is_reported_and_left_untouched() {
     }
     h.cleanup().await;
 }
+
+/// A template of 1 MiB (eight environment variables of 128 KiB, each under Linux's 128 KiB
+/// limit for one exec string) is carried into the pod unchanged, and the run completes: the
+/// bucket never holds the template, and no document the controller writes grows with it.
+#[tokio::test]
+async fn a_template_of_one_mebibyte_runs_unchanged() {
+    let h = Harness::new("it-big").await;
+    let value = "x".repeat(128 * 1024 - 16);
+    let env: Vec<serde_json::Value> = (0..8)
+        .map(|i| json!({"name": format!("BIG_{i}"), "value": value}))
+        .collect();
+    let template = json!({"template": {"spec": {
+        "nodeSelector": {"cojob.dev/integration-test": "no-such-node"},
+        "containers": [{"name": "main", "image": "localhost/cojob/busybox:e2e", "env": env}]
+    }}});
+    assert!(template.to_string().len() >= 1024 * 1024 - 1024);
+    h.create_job("big", template).await;
+    h.settle("big", 2).await;
+    assert_eq!(h.live_pod_names("big").await, ["big-once-1"]);
+    let pod = h.pods().get("big-once-1").await.unwrap();
+    let main = &pod.spec.as_ref().unwrap().containers[0];
+    let big: Vec<usize> = main
+        .env
+        .iter()
+        .flatten()
+        .filter(|e| e.name.starts_with("BIG_"))
+        .map(|e| e.value.as_deref().unwrap_or_default().len())
+        .collect();
+    assert_eq!(
+        big,
+        vec![value.len(); 8],
+        "the template reaches the pod whole"
+    );
+
+    h.finish_pod("big-once-1", 0).await;
+    h.settle("big", 3).await;
+    let lease = h.lease("big", "big-once").await.unwrap();
+    assert_eq!(state(&lease).status.as_str(), "succeeded");
+    let keys = h.keys("big").await;
+    let store = h.db.store();
+    let written = store.list(keys.base()).await.unwrap();
+    assert!(
+        written.len() >= 3,
+        "index, tick claim and lease: {written:?}"
+    );
+    let mut largest = 0;
+    for key in written {
+        let (body, _) = store.get(&key).await.unwrap().unwrap();
+        largest = largest.max(body.len());
+    }
+    assert!(
+        largest < 16 * 1024,
+        "a document of {largest} bytes: the template leaked into the bucket"
+    );
+    let s = status(&h.job("big").await);
+    assert_eq!(s.counters.succeeded, 1);
+    h.cleanup().await;
+}
+
+/// A controller whose clock runs a minute ahead of the store's is told so: a `ClockSkew`
+/// Warning Event on its Pod, measured against the time the real S3 server stamps on a write.
+/// A clock in step reports nothing.
+#[tokio::test]
+async fn a_clock_skew_beyond_the_allowance_is_an_event_on_the_controller_pod() {
+    let h = Harness::new("it-skew").await;
+    let cx = h.context(&Budget::unlimited());
+    let pod = "cojob-controller-0";
+    let reporter = cojob_controller::skew::Reporter::for_pod(cx.recorder.clone(), &h.ns, pod);
+    let allowance = Duration::from_secs(5);
+    let store = h.db.store();
+    let in_step =
+        cojob_controller::skew::check(store, &cojob::clock::SystemClock, allowance, &reporter)
+            .await
+            .unwrap();
+    assert_eq!(in_step, None, "the same machine's clocks agree");
+    assert!(h.event_reasons(pod).await.is_empty());
+
+    let ahead = cojob::clock::FakeClock::at(chrono::Utc::now() + chrono::Duration::seconds(60));
+    let note = cojob_controller::skew::check(store, &ahead, allowance, &reporter)
+        .await
+        .unwrap()
+        .expect("a minute ahead is reported");
+    assert!(note.contains("ahead of the store's"), "{note}");
+    let mut reasons = Vec::new();
+    for _ in 0..50 {
+        reasons = h.event_reasons(pod).await;
+        if !reasons.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(reasons, ["ClockSkew"]);
+    h.cleanup().await;
+}

@@ -102,11 +102,32 @@ async fn renews_shows_cancel_and_exits_when_fenced() {
     assert_eq!(doc["state"]["pod"], "run-1-1");
     assert_eq!(doc["state"]["node"], "node-a");
     assert_eq!(doc["epoch"], 1, "attaching never bumps the epoch");
+    // The wrapper's binary and the renewal record are in place before the workload starts.
+    let wrapper = std::fs::metadata(r.shared.path().join("cojob")).expect("the wrapper binary");
+    assert!(
+        std::os::unix::fs::PermissionsExt::mode(&wrapper.permissions()) & 0o111 != 0,
+        "the wrapper is executable"
+    );
+    let renewed = || -> u64 {
+        std::fs::read_to_string(r.shared.path().join("renewed"))
+            .expect("the renewal record")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let at_attach = renewed();
+    assert!(at_attach <= cojob_controller::wrap::boot_clock_ms());
 
     until("a renewal", Duration::from_secs(5), async || {
         let d = lease_doc(&r.db, key).await;
         cojob::json::parse_time(d["deadline_at"].as_str().unwrap()).unwrap() > first_deadline
     })
+    .await;
+    until(
+        "the renewal record to advance",
+        Duration::from_secs(5),
+        async || renewed() > at_attach,
+    )
     .await;
 
     r.db.cooperative_write(key, |s| {

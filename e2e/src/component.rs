@@ -92,10 +92,17 @@ impl Component {
         if !status.success() {
             bail!("kill {signal} {pid} ({}) failed", self.name);
         }
+        // Gone, or a zombie: a dying process loses its memory (and its command line) before
+        // its files, so only the zombie state says its sockets are closed.
+        let exited = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X']))
+            })
+        };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while std::path::Path::new(&format!("/proc/{pid}/cmdline")).exists()
-            && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| !c.is_empty())
-        {
+        while !exited() {
             if tokio::time::Instant::now() > deadline {
                 return Err(anyhow!(
                     "{} (pid {pid}) did not exit within 30 s",

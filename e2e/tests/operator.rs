@@ -15,10 +15,14 @@
 //!    checked on an effect ledger (`operator/faults.rs`);
 //! f. a pod deleted after its workload succeeded, while no controller runs: recorded, never run
 //!    again (G2), on the ledger;
+//! i. fenced effects (G4): a workload's `cojob fenced-put` writes its result with its epoch, and
+//!    is refused where a newer attempt already wrote (`operator/fence.rs`);
+//! j. the CRD deleted while a run is active: the run is cancelled, its pod stopped, the CRD
+//!    goes and the controller stays up (`operator/crd_gone.rs`);
 //! g. `helm uninstall` (its pre-delete hook drains every CoordinatedJob) leaves nothing behind.
 //!
-//! b–e and h run concurrently, each in its own namespace; f scales the controller down, so it
-//! runs after them; g runs last. (Invalid specs rejected at
+//! b–e, h and i run concurrently, each in its own namespace; f scales the controller down, so it
+//! runs after them, then the chaos suite, then j (it deletes the CRD); g runs last. (Invalid specs rejected at
 //! apply time are covered by `crd.rs`.) A failing step reports the pods, events, bucket state
 //! and controller logs it saw; the controller's whole log is copied under `target/tmp/`.
 //!
@@ -50,8 +54,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[path = "operator/chaos.rs"]
 mod chaos;
+#[path = "operator/crd_gone.rs"]
+mod crd_gone;
 #[path = "operator/faults.rs"]
 mod faults;
+#[path = "operator/fence.rs"]
+mod fence;
 
 /// The release; its name contains "cojob", so every object of the chart is named `cojob-e2e`.
 const RELEASE: &str = "cojob-e2e";
@@ -1365,7 +1373,7 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
     );
 
     // b–e, concurrently, each in its own namespace.
-    let scenarios: [(&str, &str, Scenario); 5] = [
+    let scenarios: [(&str, &str, Scenario); 6] = [
         ("b. a 10-second schedule for 60 s", "op-sched", |c, n| {
             Box::pin(every_ten_seconds(c, n))
         }),
@@ -1383,6 +1391,9 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
             "op-frozen",
             |c, n| Box::pin(faults::frozen_sidecar(c, n)),
         ),
+        ("i. fenced effects (G4)", "op-fence", |c, n| {
+            Box::pin(fence::fenced_effects(c, n))
+        }),
     ];
     let later: [(&str, &str, Scenario); 1] = [(
         "f. deleted after success while no controller runs",
@@ -1398,6 +1409,15 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
         }
     }
     run_chaos(&ctx, &mut namespaces, &mut failures).await;
+    // j. deletes the CRD, so it comes last, before g.
+    if std::env::var("COJOB_E2E_ONLY_CHAOS").is_err() {
+        let last: [(&str, &str, Scenario); 1] = [(
+            "j. the CRD deleted while a run is active",
+            "op-crd-gone",
+            |c, n| Box::pin(crd_gone::crd_deleted_mid_run(c, n)),
+        )];
+        run_batch(&ctx, &last, &mut namespaces, &mut failures).await;
+    }
     if !failures.is_empty() {
         failures.push(format!("controller logs:\n{}", controller_logs(&ctx).await));
     }

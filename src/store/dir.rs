@@ -137,6 +137,10 @@ fn read(file: &Path) -> io::Result<Option<StoredObject>> {
         Err(e) => return Err(e),
     };
     let meta = f.metadata()?;
+    let last_modified = meta
+        .modified()
+        .ok()
+        .map(chrono::DateTime::<chrono::Utc>::from);
     let mut buf = Vec::with_capacity(meta.len() as usize);
     f.read_to_end(&mut buf)?;
     let header_end = buf.iter().position(|&b| b == b'\n');
@@ -151,6 +155,7 @@ fn read(file: &Path) -> io::Result<Option<StoredObject>> {
                     generation: None,
                 },
                 token: Some(etag),
+                last_modified,
             }
         }
         // A file put there by something else: version it by inode, size and change time.
@@ -167,6 +172,7 @@ fn read(file: &Path) -> io::Result<Option<StoredObject>> {
             },
             body: Bytes::from(buf),
             token: None,
+            last_modified,
         },
     }))
 }

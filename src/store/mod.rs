@@ -72,6 +72,7 @@ use bytes::Bytes;
 use std::fmt;
 use std::sync::Arc;
 
+use crate::clock::Clock;
 use crate::error::{Op, StoreError};
 use crate::token;
 
@@ -146,6 +147,9 @@ pub struct StoredObject {
     pub version: Version,
     /// The write token it was written with, if it was written by cojob.
     pub token: Option<String>,
+    /// When the store says the object was written, by the store's clock (S3 and Azure:
+    /// `Last-Modified`, whole seconds; a directory: the file's modification time), if it says.
+    pub last_modified: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// One storage backend: the trait every store implements (memory, object stores, a local
@@ -192,6 +196,29 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         (**self).list(prefix).await
+    }
+}
+
+/// How far a store's clock is ahead of a local clock (negative: behind), as the interval the
+/// measurement allows; see [`Store::clock_offset`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockOffset {
+    /// The smallest offset consistent with the measurement (`None`: the store stamps no time).
+    pub min: Option<chrono::Duration>,
+    /// The largest offset consistent with the measurement.
+    pub max: Option<chrono::Duration>,
+}
+
+impl ClockOffset {
+    /// True when the two clocks certainly differ by more than `allowance`.
+    pub fn exceeds(&self, allowance: std::time::Duration) -> bool {
+        let allowance = chrono::Duration::from_std(allowance).unwrap_or(chrono::Duration::MAX);
+        self.min.is_some_and(|min| min > allowance) || self.max.is_some_and(|max| max < -allowance)
+    }
+
+    /// The middle of the interval, for reports.
+    pub fn estimate(&self) -> Option<chrono::Duration> {
+        Some(self.min? + (self.max? - self.min?) / 2)
     }
 }
 
@@ -372,6 +399,45 @@ impl Store {
             .collect();
         keys.sort_unstable();
         Ok(keys)
+    }
+
+    /// Measures how far the store's clock is from `clock`: writes a scratch object, reads back
+    /// the time the store stamped on it, and bounds the difference by the request's round trip
+    /// and the stamp's whole-second precision. Three requests; the scratch object is deleted.
+    ///
+    /// Leases compare a deadline written by one clock with another's, so a controller or node
+    /// whose clock is off by more than the skew allowance is worth reporting.
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::clock::SystemClock;
+    /// let store = cojob::Store::open("memory://skew").await?;
+    /// let offset = store.clock_offset(&SystemClock).await?;
+    /// assert!(!offset.exceeds(std::time::Duration::from_secs(5)));
+    /// # Ok::<(), cojob::StoreError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn clock_offset(&self, clock: &dyn Clock) -> Result<ClockOffset, StoreError> {
+        let key = format!("cojob-clock/{}", token::write_token());
+        let before = clock.now();
+        self.put(&key, Bytes::from_static(b"{}"), PutMode::Overwrite)
+            .await?;
+        let after = clock.now();
+        let read = self.get_object(&key).await;
+        let cleanup = self.delete(&key).await;
+        let stamped = read?.and_then(|o| o.last_modified);
+        cleanup?;
+        Ok(match stamped {
+            // The store's write fell in [stamped, stamped + 1 s); ours in [before, after].
+            Some(stamped) => ClockOffset {
+                min: Some(stamped - after),
+                max: Some(stamped + chrono::Duration::seconds(1) - before),
+            },
+            None => ClockOffset {
+                min: None,
+                max: None,
+            },
+        })
     }
 
     /// Checks that the store honours conditional writes: two racing put-if-absent calls on a

@@ -215,6 +215,7 @@ impl Backend for ObjectStoreBackend {
             etag: result.meta.e_tag.clone(),
             generation: result.meta.version.clone(),
         };
+        let last_modified = Some(result.meta.last_modified);
         let token = result
             .attributes
             .get(&Attribute::Metadata(TOKEN_METADATA.into()))
@@ -229,6 +230,7 @@ impl Backend for ObjectStoreBackend {
             body,
             version,
             token,
+            last_modified,
         }))
     }
 

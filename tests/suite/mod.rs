@@ -58,6 +58,8 @@ macro_rules! primitive_suite {
             store_counts_minimal_requests,
             store_verifies_conditional_writes,
             store_lists_sorted_and_rejects_bad_keys,
+            store_measures_its_clock_offset,
+            fence_refuses_older_tokens_even_in_a_race,
         );
     };
     (@cases $kind:expr; $($case:ident),* $(,)?) => {
@@ -1027,4 +1029,84 @@ pub async fn store_lists_sorted_and_rejects_bad_keys(r: Rig) {
             "{bad:?}: {err}"
         );
     }
+}
+
+/// The store's clock agrees with this machine's (same host), and a local clock set a minute
+/// ahead is seen a minute ahead; the scratch object is gone afterwards.
+pub async fn store_measures_its_clock_offset(r: Rig) {
+    let allowance = Duration::from_secs(5);
+    let offset = r
+        .raw
+        .clock_offset(&cojob::clock::SystemClock)
+        .await
+        .unwrap();
+    let (min, max) = (offset.min.unwrap(), offset.max.unwrap());
+    assert!(
+        min <= chrono::Duration::seconds(1) && max >= chrono::Duration::seconds(-1),
+        "the same machine's clocks differ: {offset:?}"
+    );
+    assert!(!offset.exceeds(allowance), "{offset:?}");
+
+    let ahead = cojob::clock::FakeClock::at(chrono::Utc::now() + chrono::Duration::seconds(60));
+    let offset = r.raw.clock_offset(&ahead).await.unwrap();
+    assert!(offset.exceeds(allowance), "{offset:?}");
+    let estimate = offset.estimate().unwrap().num_seconds();
+    assert!((-62..=-58).contains(&estimate), "{offset:?}");
+    assert!(
+        r.raw.list("cojob-clock").await.unwrap().is_empty(),
+        "the scratch object is deleted"
+    );
+}
+
+/// G4's recipe: a fenced document takes its own token again and newer ones, refuses older ones
+/// (also when a newer attempt's write lands between the read and the compare-and-swap), and
+/// never overwrites a foreign document.
+pub async fn fence_refuses_older_tokens_even_in_a_race(r: Rig) {
+    use cojob::fence::Fenced;
+    let written = |f: &Fenced| matches!(f, Fenced::Written { .. });
+    assert!(written(
+        &r.db.fenced_put("effect", 1, "first").await.unwrap()
+    ));
+    assert!(written(
+        &r.db
+            .fenced_put("effect", 1, "first, retried")
+            .await
+            .unwrap()
+    ));
+    assert!(written(
+        &r.db.fenced_put("effect", 3, "third").await.unwrap()
+    ));
+    assert_eq!(
+        r.db.fenced_put("effect", 2, "second, late").await.unwrap(),
+        Fenced::Stale { stored: 3 }
+    );
+    assert_eq!(
+        stored_bytes(&r, "effect").await.unwrap(),
+        br#"{"fence":3,"value":"third"}"#
+    );
+
+    // Attempt 5 writes between attempt 4's read and its compare-and-swap.
+    let rival = r.rival.clone();
+    r.race.before_next_put(move || async move {
+        rival.fenced_put("effect", 5, "fifth").await.unwrap();
+    });
+    assert_eq!(
+        r.db.fenced_put("effect", 4, "fourth").await.unwrap(),
+        Fenced::Stale { stored: 5 }
+    );
+    assert_eq!(
+        r.db.fenced_get::<String>("effect").await.unwrap(),
+        Some((5, "fifth".to_string()))
+    );
+
+    r.raw
+        .put("foreign", "{\"fence\":\"x\"}".into(), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let err = r.db.fenced_put("foreign", 9, "x").await.unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    assert_eq!(
+        stored_bytes(&r, "foreign").await.unwrap(),
+        br#"{"fence":"x"}"#
+    );
 }

@@ -21,6 +21,16 @@ pub(super) async fn set_finalizers(
 
 /// A deleted object: cancel its active runs cooperatively, record them, then let it go.
 pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
+    let mut said = Announcements::default();
+    let result = cancel_and_release(scope, &mut said).await;
+    said.publish(scope).await;
+    result
+}
+
+async fn cancel_and_release(
+    scope: &JobScope<'_>,
+    said: &mut Announcements,
+) -> Result<Action, Error> {
     if !scope.job.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
     }
@@ -35,7 +45,7 @@ pub async fn finalize(scope: &JobScope<'_>) -> Result<Action, Error> {
             Err(e) => return Err(e.into()),
         }
     }
-    let swept = sweep(scope, &index.active, &pods).await;
+    let swept = sweep(scope, &index.active, &pods, said).await;
     let limits = history_limits(&scope.job.spec);
     let known = update_index(&doc, known, |i| {
         i.record_finished(&swept.finished, limits);

@@ -34,6 +34,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use crate::announce::Announcements;
 use crate::context::{Context, JobScope, MissingField};
 use crate::crd::{
     CatchUpPolicy, ConcurrencyPolicy, CoordinatedJob, CoordinatedJobSpec, CoordinatedJobStatus,
@@ -126,7 +127,10 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
             return Ok(Action::await_change());
         }
     };
-    match sync(&scope, schedule.as_ref()).await {
+    let mut said = Announcements::default();
+    let result = sync(&scope, schedule.as_ref(), &mut said).await;
+    said.publish(&scope).await;
+    match result {
         Ok(synced) => {
             let status = build_status(&scope, &synced);
             patch_status(&scope, status).await?;
@@ -183,11 +187,12 @@ async fn sweep(
     scope: &JobScope<'_>,
     runs: &[ActiveRun],
     pods: &BTreeMap<String, RunPods>,
+    said: &mut Announcements,
 ) -> Swept {
     let empty = RunPods::new();
     let mut out = Swept::default();
     for run in runs {
-        match sweeper::sync_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await {
+        match sweeper::sync_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty), said).await {
             Ok(RunReport::Active {
                 epoch,
                 attempt,
@@ -243,7 +248,14 @@ async fn update_index(
     Ok(Some(stored))
 }
 
-async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synced, Error> {
+/// The pass's pipeline: observe (index, pods), sweep the active runs, follow the schedule,
+/// decide the due ticks and start their runs, collect garbage; what to tell the user goes to
+/// `said`, and the status is written by the caller.
+async fn sync(
+    scope: &JobScope<'_>,
+    schedule: Option<&Schedule>,
+    said: &mut Announcements,
+) -> Result<Synced, Error> {
     let db = &scope.cx.db;
     let spec = &scope.job.spec;
     let doc = db.doc::<JobIndex>(&scope.keys.index());
@@ -257,7 +269,7 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
         mut active,
         finished,
         mut errors,
-    } = sweep(scope, &runs, &pods).await;
+    } = sweep(scope, &runs, &pods, said).await;
     let mut dropped = Vec::new();
     if !finished.is_empty() {
         known = update_index(&doc, known, |i| {
@@ -275,20 +287,18 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
         })
         .await?;
         if edited {
-            scope
-                .normal(
-                    "ScheduleChanged",
-                    format!(
-                        "schedule is now {expr:?}; it applies to ticks after {}",
-                        cojob::json::format_time(now)
-                    ),
-                )
-                .await;
+            said.normal(
+                "ScheduleChanged",
+                format!(
+                    "schedule is now {expr:?}; it applies to ticks after {}",
+                    cojob::json::format_time(now)
+                ),
+            );
         }
     }
     // Decide the due ticks.
     let (decisions, next, missed_before) =
-        decide_ticks(scope, schedule, &index_of(&known), now).await?;
+        decide_ticks(scope, schedule, &index_of(&known), now, said).await?;
     if !decisions.is_empty() || missed_before.is_some() {
         known = update_index(&doc, known, |i| {
             if let Some(before) = missed_before {
@@ -306,9 +316,9 @@ async fn sync(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Result<Synce
         .cloned()
         .collect();
     if spec.concurrency_policy == ConcurrencyPolicy::Replace {
-        replace_older_runs(scope, &index, &pods).await?;
+        replace_older_runs(scope, &index, &pods, said).await?;
     }
-    let started = sweep(scope, &new_runs, &pods).await;
+    let started = sweep(scope, &new_runs, &pods, said).await;
     active.extend(started.active);
     errors.extend(started.errors);
     if !started.finished.is_empty() {
@@ -349,6 +359,7 @@ async fn replace_older_runs(
     scope: &JobScope<'_>,
     index: &JobIndex,
     pods: &BTreeMap<String, RunPods>,
+    said: &mut Announcements,
 ) -> Result<(), Error> {
     let Some(newest) = index
         .active
@@ -361,15 +372,13 @@ async fn replace_older_runs(
     for old in index.active.iter().filter(|r| r.run_id != newest.run_id) {
         let done = sweeper::cancel_run(scope, old, pods.get(&old.run_id).unwrap_or(&empty)).await?;
         if done {
-            scope
-                .normal(
-                    "RunReplaced",
-                    format!(
-                        "run {} cancelled: run {} replaces it",
-                        old.run_id, newest.run_id
-                    ),
-                )
-                .await;
+            said.normal(
+                "RunReplaced",
+                format!(
+                    "run {} cancelled: run {} replaces it",
+                    old.run_id, newest.run_id
+                ),
+            );
         }
     }
     Ok(())

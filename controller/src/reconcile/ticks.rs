@@ -22,13 +22,20 @@ pub(super) async fn decide_ticks(
     schedule: Option<&Schedule>,
     index: &JobIndex,
     now: DateTime<Utc>,
+    said: &mut Announcements,
 ) -> Result<(TickDecisions, Option<DateTime<Utc>>, Option<DateTime<Utc>>), Error> {
     let spec = &scope.job.spec;
     let Some(schedule) = schedule else {
         if index.once_decided || spec.suspend {
             return Ok((Vec::new(), None, None));
         }
-        let decision = claim(scope, None, Decision::RunId(run_id(&scope.name, None))).await?;
+        let decision = claim(
+            scope,
+            None,
+            Decision::RunId(run_id(&scope.name, None)),
+            said,
+        )
+        .await?;
         return Ok((vec![(None, decision)], None, None));
     };
     let created = scope
@@ -77,7 +84,7 @@ pub(super) async fn decide_ticks(
             Decision::RunId(_) if forbid && busy => Decision::Skipped("ConcurrencyForbid".into()),
             other => other,
         };
-        let decision = claim(scope, Some(t), proposal).await?;
+        let decision = claim(scope, Some(t), proposal, said).await?;
         if matches!(decision, Decision::RunId(_)) {
             busy = true;
         }
@@ -108,6 +115,7 @@ pub(super) async fn claim(
     scope: &JobScope<'_>,
     tick: Option<DateTime<Utc>>,
     proposal: Decision,
+    said: &mut Announcements,
 ) -> Result<Decision, Error> {
     let key = scope.keys.tick(tick);
     let claim = scope.cx.db.claim(&key, &proposal).await?;
@@ -118,15 +126,9 @@ pub(super) async fn claim(
                 tracing::info!(job = %scope.name, tick = %at, run = %id, "tick claimed")
             }
             Decision::Skipped(why) => {
-                scope
-                    .normal("RunSkipped", format!("tick {at} skipped: {why}"))
-                    .await
+                said.normal("RunSkipped", format!("tick {at} skipped: {why}"))
             }
-            Decision::Missed(why) => {
-                scope
-                    .warning("RunMissed", format!("tick {at} missed: {why}"))
-                    .await
-            }
+            Decision::Missed(why) => said.warning("RunMissed", format!("tick {at} missed: {why}")),
         }
     }
     Ok(claim.value)

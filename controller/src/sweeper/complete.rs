@@ -5,10 +5,10 @@
 //! any epoch whose workload succeeded ends the run as `succeeded` (G2).
 
 use cojob::{Error as StoreError, LeaseInfo, LeaseOptions};
-use kube::runtime::events::EventType;
 use serde_json::Value;
 
 use super::{RunPods, RunReport, SweepError, active, dispatch, finished, foreign, holder, now_str};
+use crate::announce::Announcements;
 use crate::context::JobScope;
 use crate::index::ActiveRun;
 use crate::run::{self, PodOutcome, Refusal, RunPhase, RunState};
@@ -24,6 +24,7 @@ pub async fn complete(
     lease: &LeaseInfo,
     outcome: &PodOutcome,
     pods: &RunPods,
+    said: &mut Announcements,
 ) -> Result<RunReport, SweepError> {
     let (max, now) = (scope.max_attempts(), now_str(scope));
     let outcome2 = outcome.clone();
@@ -31,7 +32,7 @@ pub async fn complete(
     let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
         return Ok(active(Some(lease), None));
     };
-    after_record(scope, run, lease, state, phase, pods).await
+    after_record(scope, run, lease, state, phase, pods, said).await
 }
 
 /// The current attempt's pod did not start its workload within `startTimeoutSeconds`: end the
@@ -42,6 +43,7 @@ pub async fn start_timed_out(
     run: &ActiveRun,
     lease: &LeaseInfo,
     pods: &RunPods,
+    said: &mut Announcements,
 ) -> Result<RunReport, SweepError> {
     let (max, now) = (scope.max_attempts(), now_str(scope));
     let transition: Box<Transition> = Box::new(move |s| run::start_timed_out(s, max, &now));
@@ -51,7 +53,7 @@ pub async fn start_timed_out(
     let pod = format!("{}-{}", run.run_id, lease.epoch);
     tracing::info!(job = %scope.name, run = %run.run_id, %pod, "the attempt's pod did not start in time");
     super::pods::delete_pod(scope, &pod, super::pods::Stop::Fence).await?;
-    after_record(scope, run, lease, state, phase, pods).await
+    after_record(scope, run, lease, state, phase, pods, said).await
 }
 
 /// Writes the transition's state and releases the lease, holding it with the attempt's
@@ -129,31 +131,29 @@ async fn after_record(
     state: Value,
     phase: RunPhase,
     pods: &RunPods,
+    said: &mut Announcements,
 ) -> Result<RunReport, SweepError> {
     let parsed = RunState::parse(&state).map_err(|r| foreign(&run.run_id, r))?;
     if phase == RunPhase::Retrying {
-        scope
-            .run_event(
-                EventType::Warning,
-                "RunRetrying",
-                format!(
-                    "run {} attempt {} failed (exit code {}, reason {}); retrying",
-                    run.run_id,
-                    parsed.attempt,
-                    parsed.exit_code.map_or("none".into(), |c| c.to_string()),
-                    parsed.reason.as_deref().unwrap_or("Error"),
-                ),
-                Some(&format!("{}-{}", run.run_id, lease.epoch)),
-            )
-            .await;
+        said.run_warning(
+            "RunRetrying",
+            format!(
+                "run {} attempt {} failed (exit code {}, reason {}); retrying",
+                run.run_id,
+                parsed.attempt,
+                parsed.exit_code.map_or("none".into(), |c| c.to_string()),
+                parsed.reason.as_deref().unwrap_or("Error"),
+            ),
+            &format!("{}-{}", run.run_id, lease.epoch),
+        );
         let released = scope
             .cx
             .db
             .inspect_lease(&scope.keys.lease(&run.run_id))
             .await?;
-        return dispatch::dispatch(scope, run, released.as_ref(), pods).await;
+        return dispatch::dispatch(scope, run, released.as_ref(), pods, said).await;
     }
-    announce_end(scope, run, &parsed, lease.epoch).await;
+    announce_end(said, run, &parsed, lease.epoch);
     let info = LeaseInfo {
         holder: None,
         state,
@@ -162,25 +162,25 @@ async fn after_record(
     Ok(finished(run, Some(&info), &parsed))
 }
 
-/// Publishes the Event of a run's end.
-pub async fn announce_end(scope: &JobScope<'_>, run: &ActiveRun, state: &RunState, epoch: u64) {
+/// Announces a run's end.
+pub fn announce_end(said: &mut Announcements, run: &ActiveRun, state: &RunState, epoch: u64) {
     let code = state
         .exit_code
         .map_or_else(|| "none".to_string(), |c| c.to_string());
     let pod = format!("{}-{epoch}", run.run_id);
-    let (type_, reason, note) = match state.status {
+    let (warning, reason, note) = match state.status {
         RunPhase::Succeeded => (
-            EventType::Normal,
+            false,
             "RunSucceeded",
             format!("run {} succeeded on attempt {}", run.run_id, state.attempt),
         ),
         RunPhase::Cancelled => (
-            EventType::Normal,
+            false,
             "RunCancelled",
             format!("run {} cancelled", run.run_id),
         ),
         _ => (
-            EventType::Warning,
+            true,
             "RunFailed",
             format!(
                 "run {} failed after {} attempt(s) (exit code {code}, reason {})",
@@ -190,5 +190,9 @@ pub async fn announce_end(scope: &JobScope<'_>, run: &ActiveRun, state: &RunStat
             ),
         ),
     };
-    scope.run_event(type_, reason, note, Some(&pod)).await;
+    if warning {
+        said.run_warning(reason, note, &pod);
+    } else {
+        said.run_normal(reason, note, &pod);
+    }
 }

@@ -4,9 +4,9 @@
 use cojob::{Error as StoreError, LeaseInfo, LeaseOptions};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::events::EventType;
 
 use super::{RunPods, RunReport, SweepError, active, complete, finished, foreign, holder, now_str};
+use crate::announce::Announcements;
 use crate::context::JobScope;
 use crate::index::ActiveRun;
 use crate::pod::{RunIdentity, SidecarConfig};
@@ -23,6 +23,7 @@ pub async fn dispatch(
     run: &ActiveRun,
     prev: Option<&LeaseInfo>,
     pods: &RunPods,
+    said: &mut Announcements,
 ) -> Result<RunReport, SweepError> {
     let db = &scope.cx.db;
     let key = scope.keys.lease(&run.run_id);
@@ -84,7 +85,7 @@ pub async fn dispatch(
             .secrets
             .delete(&secret, &DeleteParams::default())
             .await;
-        complete::announce_end(scope, run, &state, epoch).await;
+        complete::announce_end(said, run, &state, epoch);
         let info = LeaseInfo {
             epoch,
             holder: None,
@@ -148,9 +149,7 @@ pub async fn dispatch(
         let related = pod
             .clone()
             .unwrap_or_else(|| format!("{}-{epoch}", run.run_id));
-        scope
-            .run_event(EventType::Normal, reason, note, Some(&related))
-            .await;
+        said.run_normal(reason, note, &related);
     }
     tracing::info!(job = %scope.name, run = %run.run_id, epoch, attempt = state.attempt, waiting_for = ?blocking, "run dispatched");
     Ok(RunReport::Active {

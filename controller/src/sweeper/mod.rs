@@ -34,12 +34,12 @@ use std::collections::BTreeMap;
 use cojob::{Error as StoreError, LeaseInfo};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::ResourceExt;
-use kube::runtime::events::EventType;
 
 pub use cancel::cancel_run;
 pub use holder::ANNOTATION_JOB_UID;
 pub use pods::{Stop, delete_pod, pod_view};
 
+use crate::announce::Announcements;
 use crate::context::JobScope;
 use crate::index::{ActiveRun, FinishedRun};
 use crate::pod::{LABEL_EPOCH, LABEL_RUN};
@@ -147,11 +147,12 @@ async fn observe(
     })
 }
 
-/// Drives one active run a step forward.
+/// Drives one active run a step forward; what to tell the user goes to `said`.
 pub async fn sync_run(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     pods: &RunPods,
+    said: &mut Announcements,
 ) -> Result<RunReport, SweepError> {
     let key = scope.keys.lease(&run.run_id);
     let lease = scope.cx.db.inspect_lease(&key).await?;
@@ -165,7 +166,7 @@ pub async fn sync_run(
     let current = lease.as_ref().and_then(|l| pods.get(&l.epoch));
     let report = match (step, &lease) {
         (Step::Dispatch, _) | (_, None) => {
-            dispatch::dispatch(scope, run, lease.as_ref(), pods).await?
+            dispatch::dispatch(scope, run, lease.as_ref(), pods, said).await?
         }
         (Step::Finished(state), _) => {
             // A pod created by a racing dispatch after the run ended, or left by a crash
@@ -203,10 +204,12 @@ pub async fn sync_run(
             }
         }
         (Step::Complete(outcome), Some(l)) => {
-            complete::complete(scope, run, l, &outcome, pods).await?
+            complete::complete(scope, run, l, &outcome, pods, said).await?
         }
-        (Step::StartTimedOut, Some(l)) => complete::start_timed_out(scope, run, l, pods).await?,
-        (Step::Steal, Some(l)) => steal(scope, run, l, pods).await?,
+        (Step::StartTimedOut, Some(l)) => {
+            complete::start_timed_out(scope, run, l, pods, said).await?
+        }
+        (Step::Steal, Some(l)) => steal(scope, run, l, pods, said).await?,
     };
     pods::release_settled(scope, pods, lease.as_ref(), &report).await?;
     Ok(report)
@@ -219,6 +222,7 @@ async fn steal(
     run: &ActiveRun,
     lease: &LeaseInfo,
     pods: &RunPods,
+    said: &mut Announcements,
 ) -> Result<RunReport, SweepError> {
     // The last attempt's pod (or a cancelled run's) may still run, and succeed: a takeover
     // would only record `AttemptsExhausted` (or `cancelled`) over an outcome that is not known
@@ -237,24 +241,21 @@ async fn steal(
         }
         return Ok(active(Some(lease), current));
     }
-    let report = dispatch::dispatch(scope, run, Some(lease), pods).await?;
+    let report = dispatch::dispatch(scope, run, Some(lease), pods, said).await?;
     let epoch = match &report {
         RunReport::Active { epoch, .. } => *epoch,
         RunReport::Finished(f) => f.epoch,
     };
     if epoch > lease.epoch {
         let stale = format!("{}-{}", run.run_id, lease.epoch);
-        scope
-            .run_event(
-                EventType::Warning,
-                "LeaseLost",
-                format!(
-                    "run {}: the lease of epoch {} expired (pod gone or silent); taken over by epoch {epoch}",
-                    run.run_id, lease.epoch
-                ),
-                Some(&stale),
-            )
-            .await;
+        said.run_warning(
+            "LeaseLost",
+            format!(
+                "run {}: the lease of epoch {} expired (pod gone or silent); taken over by epoch {epoch}",
+                run.run_id, lease.epoch
+            ),
+            &stale,
+        );
         pods::fence(scope, run, pods, epoch).await?;
     }
     Ok(report)

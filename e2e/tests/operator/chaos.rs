@@ -181,7 +181,7 @@ fn store_pid() -> Option<i32> {
     None
 }
 
-fn main_running(pod: &Pod) -> bool {
+pub fn main_running(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())

@@ -1,0 +1,94 @@
+//! What a reconcile pass tells the user.
+//!
+//! The steps that change a run or a tick (dispatch, completion, takeover, tick claims, a
+//! replacement, a schedule edit) do not publish Events themselves: they add what to announce
+//! to the pass's [`Announcements`], and the pipeline publishes them once the pass is over,
+//! whatever its outcome. Decisions and bucket writes never wait on the Events API, and a test
+//! can read what a step announced.
+//!
+//! ```
+//! use cojob_controller::announce::Announcements;
+//! let mut said = Announcements::default();
+//! said.run_normal("RunDispatched", "run r attempt 1 started as pod r-1 (epoch 1)".into(), "r-1");
+//! said.warning("RunMissed", "tick 2026-12-03T00:00:00.000000Z missed: deadline".into());
+//! assert_eq!(said.reasons(), ["RunDispatched", "RunMissed"]);
+//! ```
+
+use kube::runtime::events::EventType;
+
+use crate::context::JobScope;
+
+/// One Event to publish about the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Announcement {
+    /// Normal or Warning.
+    pub type_: EventType,
+    /// The Event's reason (`RunDispatched`, `LeaseLost`, …).
+    pub reason: &'static str,
+    /// The human-readable note.
+    pub note: String,
+    /// The run's pod the Event concerns, if any (its `related` object).
+    pub pod: Option<String>,
+}
+
+/// The Events one pass will publish, in the order they were announced.
+#[derive(Debug, Default)]
+pub struct Announcements(Vec<Announcement>);
+
+impl Announcements {
+    /// A Normal Event about the job.
+    pub fn normal(&mut self, reason: &'static str, note: String) {
+        self.push(EventType::Normal, reason, note, None);
+    }
+
+    /// A Warning Event about the job.
+    pub fn warning(&mut self, reason: &'static str, note: String) {
+        self.push(EventType::Warning, reason, note, None);
+    }
+
+    /// A Normal Event about the job that concerns one run's pod.
+    pub fn run_normal(&mut self, reason: &'static str, note: String, pod: &str) {
+        self.push(EventType::Normal, reason, note, Some(pod.into()));
+    }
+
+    /// A Warning Event about the job that concerns one run's pod.
+    pub fn run_warning(&mut self, reason: &'static str, note: String, pod: &str) {
+        self.push(EventType::Warning, reason, note, Some(pod.into()));
+    }
+
+    /// An Event of either type.
+    pub fn push(
+        &mut self,
+        type_: EventType,
+        reason: &'static str,
+        note: String,
+        pod: Option<String>,
+    ) {
+        self.0.push(Announcement {
+            type_,
+            reason,
+            note,
+            pod,
+        });
+    }
+
+    /// The reasons announced so far, in order.
+    pub fn reasons(&self) -> Vec<&'static str> {
+        self.0.iter().map(|a| a.reason).collect()
+    }
+
+    /// Everything announced so far.
+    pub fn all(&self) -> &[Announcement] {
+        &self.0
+    }
+
+    /// Publishes every announcement as an Event about the job (a failure to publish one is
+    /// logged, never fatal).
+    pub async fn publish(self, scope: &JobScope<'_>) {
+        for a in self.0 {
+            scope
+                .run_event(a.type_, a.reason, a.note, a.pod.as_deref())
+                .await;
+        }
+    }
+}
