@@ -136,12 +136,6 @@ pub struct CoordinatedJobSpec {
     /// The pod to run.
     #[x_kube(validation = Rule::new("has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0")
         .message("template must have at least one container"))]
-    #[x_kube(validation = Rule::new("!has(self.spec) || ((!has(self.spec.containers) || self.spec.containers.all(c, c.name != 'cojob-sidecar')) && (!has(self.spec.initContainers) || self.spec.initContainers.all(c, c.name != 'cojob-sidecar')))")
-        .message("the container name cojob-sidecar is reserved for the lease sidecar"))]
-    #[x_kube(validation = Rule::new("!has(self.spec) || !has(self.spec.volumes) || self.spec.volumes.all(v, v.name != 'cojob')")
-        .message("the volume name cojob is reserved for the run's shared volume"))]
-    #[x_kube(validation = Rule::new("!has(self.spec) || ((!has(self.spec.containers) || self.spec.containers.all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, m.mountPath != '/var/run/cojob'))) && (!has(self.spec.initContainers) || self.spec.initContainers.all(c, !has(c.volumeMounts) || c.volumeMounts.all(m, m.mountPath != '/var/run/cojob'))))")
-        .message("the mount path /var/run/cojob is reserved for the run's shared volume"))]
     pub template: PodTemplateSpec,
 }
 
@@ -336,14 +330,6 @@ mod tests {
             "\"cojob\"",
         ] {
             assert!(crd.contains(needle), "the CRD lacks {needle}");
-        }
-        // The reserved names in the CEL rules are the ones the pod builder uses.
-        for reserved in [
-            format!("c.name != '{}'", crate::pod::SIDECAR_NAME),
-            format!("v.name != '{}'", crate::pod::SHARED_VOLUME),
-            format!("m.mountPath != '{}'", crate::pod::SHARED_MOUNT),
-        ] {
-            assert!(crd.contains(&reserved), "the CRD lacks the rule {reserved}");
         }
     }
 }

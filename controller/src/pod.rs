@@ -184,6 +184,52 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
     }
 }
 
+/// Why `template` cannot be used: it names a container `cojob-sidecar`, a volume `cojob`, or
+/// mounts something at `/var/run/cojob`, which the pod builder adds itself. (CEL cannot check
+/// this at apply time within its cost budget: the pod schema's lists are unbounded.)
+///
+/// ```
+/// let t: k8s_openapi::api::core::v1::PodTemplateSpec = serde_json::from_value(serde_json::json!(
+///     {"spec": {"containers": [{"name": "cojob-sidecar", "image": "x"}]}})).unwrap();
+/// let why = cojob_controller::pod::reserved_conflict(&t).unwrap();
+/// assert!(why.contains("cojob-sidecar is reserved"), "{why}");
+/// ```
+pub fn reserved_conflict(template: &k8s_openapi::api::core::v1::PodTemplateSpec) -> Option<String> {
+    let spec = template.spec.as_ref()?;
+    let containers = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    for c in containers {
+        if c.name == SIDECAR_NAME {
+            return Some(format!(
+                "template: the container name {SIDECAR_NAME} is reserved for the lease sidecar"
+            ));
+        }
+        if c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path.trim_end_matches('/') == SHARED_MOUNT)
+        {
+            return Some(format!(
+                "template: container {}: the mount path {SHARED_MOUNT} is reserved for the run's shared volume",
+                c.name
+            ));
+        }
+    }
+    if spec
+        .volumes
+        .iter()
+        .flatten()
+        .any(|v| v.name == SHARED_VOLUME)
+    {
+        return Some(format!(
+            "template: the volume name {SHARED_VOLUME} is reserved for the run's shared volume"
+        ));
+    }
+    None
+}
+
 /// Starts a workload container's `command` under `cojob wrap` (the self-fence, see
 /// [`crate::wrap`]): `[<shared>/cojob, wrap, --ttl-seconds, <ttl>, --, <command>...]`; its
 /// `args` follow as before. A container without a `command` runs its image's entrypoint,

@@ -796,3 +796,41 @@ async fn a_clock_skew_beyond_the_allowance_is_an_event_on_the_controller_pod() {
     assert_eq!(reasons, ["ClockSkew"]);
     h.cleanup().await;
 }
+
+/// A template that names a container `cojob-sidecar` (or the shared volume, or its mount path)
+/// is refused with a readable reason: `Ready=False` (`InvalidSpec`) and a Warning Event;
+/// nothing runs.
+#[tokio::test]
+async fn a_template_that_collides_with_the_sidecar_is_invalid() {
+    let h = Harness::new("it-clash").await;
+    h.create_job(
+        "clash",
+        json!({"template": {"spec": {
+            "nodeSelector": {"cojob.dev/integration-test": "no-such-node"},
+            "containers": [{"name": "main", "image": "localhost/cojob/busybox:e2e"}],
+            "initContainers": [{"name": "cojob-sidecar", "image": "localhost/cojob/busybox:e2e"}]
+        }}}),
+    )
+    .await;
+    h.settle("clash", 2).await;
+    let s = status(&h.job("clash").await);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(
+        ready.message.contains("cojob-sidecar is reserved"),
+        "{}",
+        ready.message
+    );
+    assert!(
+        h.event_reasons("clash")
+            .await
+            .iter()
+            .any(|r| r == "InvalidSpec")
+    );
+    assert!(h.job_pods("clash").await.is_empty());
+    assert!(h.decisions("clash").await.is_empty(), "no tick decided");
+    h.cleanup().await;
+}

@@ -95,33 +95,6 @@ async fn invalid_specs_are_rejected_at_apply_time() {
             json!({"maxAttempts": 0}),
             "maxAttempts must be between 1 and 100",
         ),
-        (
-            "sidecar-name",
-            json!({"template": {"spec": {"containers": [{"name": "cojob-sidecar", "image": "busybox"}]}}}),
-            "the container name cojob-sidecar is reserved",
-        ),
-        (
-            "init-sidecar-name",
-            json!({"template": {"spec": {
-                "containers": [{"name": "main", "image": "busybox"}],
-                "initContainers": [{"name": "cojob-sidecar", "image": "busybox"}]}}}),
-            "the container name cojob-sidecar is reserved",
-        ),
-        (
-            "volume-name",
-            json!({"template": {"spec": {
-                "containers": [{"name": "main", "image": "busybox"}],
-                "volumes": [{"name": "cojob", "emptyDir": {}}]}}}),
-            "the volume name cojob is reserved",
-        ),
-        (
-            "mount-path",
-            json!({"template": {"spec": {
-                "containers": [{"name": "main", "image": "busybox",
-                    "volumeMounts": [{"name": "data", "mountPath": "/var/run/cojob"}]}],
-                "volumes": [{"name": "data", "emptyDir": {}}]}}}),
-            "the mount path /var/run/cojob is reserved",
-        ),
     ];
     let long = "a".repeat(41);
     let err = create(&long, spec(json!({})))

@@ -3,8 +3,10 @@
 //! One pass, for one object:
 //!
 //! 1. **Finalizer.** A deleted object cancels its active runs first (see [`finalize`]).
-//! 2. **Spec.** A schedule the schema let through but cron cannot parse becomes a `Ready=False`
-//!    condition and an `InvalidSpec` Event; nothing else happens until the spec changes.
+//! 2. **Spec.** A schedule the schema let through but cron cannot parse, or a template that
+//!    uses a name the pod builder reserves ([`crate::pod::reserved_conflict`]), becomes a
+//!    `Ready=False` condition and an `InvalidSpec` Event; nothing else happens until the spec
+//!    changes.
 //! 3. **Sweep.** Every active run in the job's index is driven one step
 //!    ([`sweeper::sync_run`]); finished runs move to the history.
 //! 4. **Ticks** (`ticks`). The schedule in force is recorded (an edit applies from when it is
@@ -127,6 +129,10 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
             return Ok(Action::await_change());
         }
     };
+    if let Some(why) = crate::pod::reserved_conflict(&job.spec.template) {
+        report_not_ready(&scope, "InvalidSpec", &why).await?;
+        return Ok(Action::await_change());
+    }
     let mut said = Announcements::default();
     let result = sync(&scope, schedule.as_ref(), &mut said).await;
     said.publish(&scope).await;
