@@ -50,15 +50,30 @@ pub struct RunIdentity {
     pub lease_key: String,
 }
 
+/// The pod of `run_id`'s attempt at `epoch`: `<runId>-<epoch>`.
+pub fn pod_name(run_id: &str, epoch: u64) -> String {
+    format!("{run_id}-{epoch}")
+}
+
+/// The Secret that keeps the lease holder of `run_id`'s attempt at `epoch`:
+/// `<runId>-<epoch>-holder`.
+///
+/// ```
+/// assert_eq!(cojob_controller::pod::holder_secret_name("nightly-1786240800", 2), "nightly-1786240800-2-holder");
+/// ```
+pub fn holder_secret_name(run_id: &str, epoch: u64) -> String {
+    format!("{}-holder", pod_name(run_id, epoch))
+}
+
 impl RunIdentity {
-    /// The pod's name: `<runId>-<epoch>`.
+    /// The pod's name ([`pod_name`]).
     pub fn pod_name(&self) -> String {
-        format!("{}-{}", self.run_id, self.epoch)
+        pod_name(&self.run_id, self.epoch)
     }
 
-    /// The name of the Secret that holds this attempt's lease holder.
+    /// The name of the Secret that holds this attempt's lease holder ([`holder_secret_name`]).
     pub fn secret_name(&self) -> String {
-        format!("{}-holder", self.pod_name())
+        holder_secret_name(&self.run_id, self.epoch)
     }
 }
 

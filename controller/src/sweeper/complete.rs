@@ -50,7 +50,7 @@ pub async fn start_timed_out(
     let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
         return Ok(active(Some(lease), None));
     };
-    let pod = format!("{}-{}", run.run_id, lease.epoch);
+    let pod = crate::pod::pod_name(&run.run_id, lease.epoch);
     tracing::info!(job = %scope.name, run = %run.run_id, %pod, "the attempt's pod did not start in time");
     super::pods::delete_pod(scope, &pod, super::pods::Stop::Fence).await?;
     after_record(scope, run, lease, state, phase, pods, said).await
@@ -144,7 +144,7 @@ async fn after_record(
                 parsed.exit_code.map_or("none".into(), |c| c.to_string()),
                 parsed.reason.as_deref().unwrap_or("Error"),
             ),
-            &format!("{}-{}", run.run_id, lease.epoch),
+            &crate::pod::pod_name(&run.run_id, lease.epoch),
         );
         let released = scope
             .cx
@@ -167,7 +167,7 @@ pub fn announce_end(said: &mut Announcements, run: &ActiveRun, state: &RunState,
     let code = state
         .exit_code
         .map_or_else(|| "none".to_string(), |c| c.to_string());
-    let pod = format!("{}-{epoch}", run.run_id);
+    let pod = crate::pod::pod_name(&run.run_id, epoch);
     let (warning, reason, note) = match state.status {
         RunPhase::Succeeded => (
             false,

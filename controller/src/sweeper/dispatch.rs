@@ -148,7 +148,7 @@ pub async fn dispatch(
         };
         let related = pod
             .clone()
-            .unwrap_or_else(|| format!("{}-{epoch}", run.run_id));
+            .unwrap_or_else(|| crate::pod::pod_name(&run.run_id, epoch));
         said.run_normal(reason, note, &related);
     }
     tracing::info!(job = %scope.name, run = %run.run_id, epoch, attempt = state.attempt, waiting_for = ?blocking, "run dispatched");

@@ -19,10 +19,7 @@ use crate::pod::{HOLDER_KEY, LABEL_EPOCH, LABEL_JOB, LABEL_RUN};
 /// The annotation on holder Secrets naming the UID of the job they belong to.
 pub const ANNOTATION_JOB_UID: &str = "cojob.dev/job-uid";
 
-/// The name of the Secret that keeps the holder of `run`'s attempt at `epoch`.
-pub fn secret_name(run_id: &str, epoch: u64) -> String {
-    format!("{run_id}-{epoch}-holder")
-}
+pub use crate::pod::holder_secret_name as secret_name;
 
 /// The holder a run's Secret keeps.
 pub fn holder_of(secret: &Secret) -> Result<String, SweepError> {
@@ -43,14 +40,17 @@ pub async fn read_holder(scope: &JobScope<'_>, name: &str) -> Result<Option<Stri
     }
 }
 
-/// True when the Secret exists and was never handed to a pod: the attempt's pod was never
+/// The Secret, when it exists and was never handed to a pod: the attempt's pod was never
 /// created (a crash came between acquiring and creating, or it waits for an older pod).
-pub async fn never_handed_to_a_pod(scope: &JobScope<'_>, name: &str) -> Result<bool, SweepError> {
+pub async fn never_handed_to_a_pod(
+    scope: &JobScope<'_>,
+    name: &str,
+) -> Result<Option<Secret>, SweepError> {
     Ok(scope
         .secrets
         .get_opt(name)
         .await?
-        .is_some_and(|s| !s.owner_references().iter().any(|o| o.kind == "Pod")))
+        .filter(|s| !s.owner_references().iter().any(|o| o.kind == "Pod")))
 }
 
 /// Creates the holder Secret of a dispatch (owned by the job until its pod exists) or, when a

@@ -118,13 +118,14 @@ fn foreign(run_id: &str, refusal: Refusal) -> SweepError {
     }
 }
 
-/// What the sweeper sees of a run's pods, for [`run::decide`].
+/// What the sweeper sees of a run's pods, for [`run::decide`], with the holder Secret of an
+/// attempt whose pod was never created (read to find that out, and needed to keep its lease).
 async fn observe(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: Option<&LeaseInfo>,
     pods: &RunPods,
-) -> Result<Observed, SweepError> {
+) -> Result<(Observed, Option<Secret>), SweepError> {
     let current = pod_view(lease.and_then(|l| pods.get(&l.epoch)));
     let succeeded = pods
         .values()
@@ -133,18 +134,19 @@ async fn observe(
     // A missing pod is created again only when its Secret was never handed to a pod: then a
     // crash came between acquiring and creating, or the pod waits for an older one to stop. A
     // Secret owned by a pod means the pod existed and was deleted; its lease must expire first.
-    let never_spawned = match (lease, &current) {
+    let unspawned = match (lease, &current) {
         (Some(l), run::PodView::Absent) if !l.is_released() && !pods.contains_key(&l.epoch) => {
             holder::never_handed_to_a_pod(scope, &holder::secret_name(&run.run_id, l.epoch)).await?
         }
-        _ => false,
+        _ => None,
     };
-    Ok(Observed {
+    let seen = Observed {
         current,
         succeeded,
         predecessors_quiescent,
-        never_spawned,
-    })
+        never_spawned: unspawned.is_some(),
+    };
+    Ok((seen, unspawned))
 }
 
 /// Drives one active run a step forward; what to tell the user goes to `said`.
@@ -159,7 +161,7 @@ pub async fn sync_run(
     if let Some(l) = &lease {
         pods::fence(scope, run, pods, l.epoch).await?;
     }
-    let seen = observe(scope, run, lease.as_ref(), pods).await?;
+    let (seen, unspawned) = observe(scope, run, lease.as_ref(), pods).await?;
     let step =
         run::decide(lease.as_ref(), &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))?;
     tracing::debug!(job = %scope.name, run = %run.run_id, ?step, "sweep");
@@ -181,13 +183,7 @@ pub async fn sync_run(
                 Some(pod) => {
                     holder::adopt(scope, &holder::secret_name(&run.run_id, l.epoch), pod).await?
                 }
-                None if seen.never_spawned => {
-                    scope
-                        .secrets
-                        .get_opt(&holder::secret_name(&run.run_id, l.epoch))
-                        .await?
-                }
-                None => None,
+                None => unspawned,
             };
             keep_pending_alive(scope, run, l, current, secret.as_ref()).await?;
             active(lease.as_ref(), current)
@@ -247,7 +243,7 @@ async fn steal(
         RunReport::Finished(f) => f.epoch,
     };
     if epoch > lease.epoch {
-        let stale = format!("{}-{}", run.run_id, lease.epoch);
+        let stale = crate::pod::pod_name(&run.run_id, lease.epoch);
         said.run_warning(
             "LeaseLost",
             format!(
