@@ -33,8 +33,8 @@ pub enum Fault {
     DeleteAfterSuccess,
     /// Each first attempt's pod is deleted while its workload runs.
     DeleteMidRun,
-    /// A running pod's sidecar is frozen (SIGSTOP) for 20 s, past ttl + allowance, every 30 s;
-    /// the workload ignores SIGTERM and has a 30 s grace period.
+    /// A running pod's sidecar is frozen (SIGSTOP) for 20 s, past ttl + allowance, every 30 s,
+    /// once per run; the workload ignores SIGTERM and has a 30 s grace period.
     FreezeSidecar,
     /// The S3 server is hung (SIGSTOP) for 15 s every 30 s.
     HangStore,
@@ -206,6 +206,7 @@ async fn inject(
     let mut frozen: Option<(i32, tokio::time::Instant)> = None;
     let mut hung: Option<(i32, tokio::time::Instant)> = None;
     let mut slow: Option<tokio::time::Instant> = None;
+    let mut struck_runs = std::collections::HashSet::new();
     let mut kubelet: Option<(cojob_e2e::component::Stopped, tokio::time::Instant)> = None;
     // The first strike comes 10 s in (20 s for the kubelet), then at the fault's period.
     let mut last = tokio::time::Instant::now() - Duration::from_secs(20);
@@ -259,14 +260,25 @@ async fn inject(
                 }
                 if frozen.is_none() && last.elapsed() >= every(30) {
                     let list = pods.list(&ListParams::default().labels(&selector)).await?;
-                    let target = list
-                        .items
-                        .iter()
-                        .find(|p| p.metadata.deletion_timestamp.is_none() && main_running(p));
-                    if let Some(pid) = target
-                        .and_then(|p| p.metadata.name.as_deref())
-                        .and_then(super::faults::sidecar_pid)
-                    {
+                    // A run whose every attempt is frozen rightly fails after maxAttempts;
+                    // the fault hits each run once, like a fault that strikes at random.
+                    let run_of = |p: &Pod| {
+                        p.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get("cojob.dev/run").cloned())
+                            .unwrap_or_default()
+                    };
+                    let target = list.items.iter().find(|p| {
+                        p.metadata.deletion_timestamp.is_none()
+                            && main_running(p)
+                            && !struck_runs.contains(&run_of(p))
+                    });
+                    if let Some((pid, run)) = target.and_then(|p| {
+                        let pid = super::faults::sidecar_pid(p.metadata.name.as_deref()?)?;
+                        Some((pid, run_of(p)))
+                    }) {
+                        struck_runs.insert(run);
                         super::faults::signal(pid, "-STOP")?;
                         frozen = Some((pid, tokio::time::Instant::now()));
                         strikes += 1;
