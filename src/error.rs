@@ -93,6 +93,18 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// An object is larger than the limit of a bounded read; it was not read into memory.
+    #[error(
+        "{key:?}: the object has {size} bytes, more than the {limit} a cojob document may have"
+    )]
+    TooLarge {
+        /// The key.
+        key: String,
+        /// The object's size in bytes.
+        size: u64,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The bucket (S3, GCS) or container (Azure) named by the store URL does not exist.
     #[error("{op} {key:?}: the bucket does not exist: {source}")]
     NoSuchBucket {

@@ -337,6 +337,37 @@ pub fn start_timed_out(
     complete(prev, &outcome, max_attempts, now)
 }
 
+/// The reason recorded when the API server refused an attempt's pod.
+pub const POD_REJECTED: &str = "PodRejected";
+
+/// The API server refused to create the attempt's pod (an invalid template, PodSecurity, a
+/// quota): the attempt fails with reason `PodRejected` (it counts), unless its workload
+/// started meanwhile.
+///
+/// ```
+/// use cojob_controller::run::{RunPhase, pod_rejected};
+/// use serde_json::json;
+/// let pending = json!({"status": "pending", "attempt": 1, "run_id": "r"});
+/// let (state, phase) = pod_rejected(&pending, 1, "t").unwrap();
+/// assert_eq!((phase, state["reason"].as_str()), (RunPhase::Failed, Some("PodRejected")));
+/// ```
+pub fn pod_rejected(
+    prev: &Value,
+    max_attempts: u32,
+    now: &str,
+) -> Result<(Value, RunPhase), Refusal> {
+    let state = RunState::parse(prev)?;
+    if !state.never_started() {
+        return Err(Refusal::Started);
+    }
+    let outcome = PodOutcome {
+        succeeded: false,
+        exit_code: None,
+        reason: Some(POD_REJECTED.into()),
+    };
+    complete(prev, &outcome, max_attempts, now)
+}
+
 /// The state that cancels a run outright (its pod is stopped by the caller).
 pub fn cancel(prev: &Value, now: &str) -> Result<Value, Refusal> {
     let state = RunState::parse(prev)?;

@@ -690,7 +690,7 @@ async fn a_corrupt_index_or_tick_claim_is_reported_and_left_untouched() {
         let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(
             (ready.status.as_str(), ready.reason.as_str()),
-            ("False", "StoreUnavailable"),
+            ("False", "InvalidStoreDocument"),
             "{name}"
         );
         assert!(
@@ -832,5 +832,82 @@ async fn a_template_that_collides_with_the_sidecar_is_invalid() {
     );
     assert!(h.job_pods("clash").await.is_empty());
     assert!(h.decisions("clash").await.is_empty(), "no tick decided");
+    h.cleanup().await;
+}
+
+/// A document over the 1 MiB limit planted at one job's index is refused without being read
+/// into memory: that job reports `InvalidStoreDocument` (naming its key, never the store's
+/// reply) and runs nothing; another job in the namespace runs as usual.
+#[tokio::test]
+async fn an_oversized_document_stops_only_its_own_job() {
+    let h = Harness::new("it-huge").await;
+    h.create_job("huge", json!({})).await;
+    h.create_job("fine", json!({})).await;
+    let key = h.keys("huge").await.index();
+    h.db.store()
+        .put(
+            &key,
+            vec![b' '; cojob::MAX_DOCUMENT_BYTES + 1].into(),
+            cojob::PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    let cx = h.context(&Budget::unlimited());
+    let err = h
+        .reconcile_with(&cx, "huge")
+        .await
+        .expect_err("an oversized index");
+    assert!(err.to_string().contains("bytes"), "{err}");
+    let s = status(&h.job("huge").await);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "InvalidStoreDocument")
+    );
+    assert!(ready.message.contains(&key), "{}", ready.message);
+    assert!(h.job_pods("huge").await.is_empty());
+
+    h.settle("fine", 2).await;
+    assert_eq!(h.live_pod_names("fine").await, ["fine-once-1"]);
+    h.cleanup().await;
+}
+
+/// A pod the API server refuses (here an invalid container name, which the CRD's schema lets
+/// through) fails its attempt with reason `PodRejected` and the API server's message, instead
+/// of being tried again forever; each refused attempt's holder Secret is deleted.
+#[tokio::test]
+async fn a_refused_pod_fails_its_attempt_with_the_api_reason() {
+    let h = Harness::new("it-refused").await;
+    h.create_job(
+        "refused",
+        json!({"maxAttempts": 2, "template": {"spec": {
+            "containers": [{"name": "Not_A_DNS_Label", "image": "localhost/cojob/busybox:e2e"}]
+        }}}),
+    )
+    .await;
+    h.settle("refused", 8).await;
+    let lease = h
+        .lease("refused", "refused-once")
+        .await
+        .expect("the run's lease");
+    let st = state(&lease);
+    assert_eq!(
+        (st.status.as_str(), st.attempt, st.reason.as_deref()),
+        ("failed", 2, Some("PodRejected")),
+        "{:?}",
+        lease.state
+    );
+    assert!(h.job_pods("refused").await.is_empty());
+    let secrets = h.secrets().list(&Default::default()).await.unwrap().items;
+    let left: Vec<String> = secrets
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .filter(|n| n.starts_with("refused-once-"))
+        .collect();
+    assert!(left.is_empty(), "holder Secrets left behind: {left:?}");
+    let reasons = h.event_reasons("refused").await;
+    for r in ["PodRejected", "RunRetrying", "RunFailed"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} in {reasons:?}");
+    }
     h.cleanup().await;
 }

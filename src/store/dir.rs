@@ -27,6 +27,8 @@ use crate::error::{Op, StoreError};
 
 const HEADER: &[u8] = b"cojob-dir-v1 ";
 const RESERVED: &str = ".cojob";
+/// Room for the header line (`HEADER`, the ETag, a newline) in a size check.
+const HEADER_ALLOWANCE: u64 = 256;
 
 /// A [`Backend`] on a local directory, safe across threads and processes.
 #[derive(Debug, Clone)]
@@ -130,13 +132,34 @@ fn sync_dir(file: &Path) -> io::Result<()> {
     }
 }
 
-fn read(file: &Path) -> io::Result<Option<StoredObject>> {
+/// The size of a file [`read`] refused: more than its limit (plus the header line).
+#[derive(Debug)]
+struct Oversized(u64);
+
+impl std::fmt::Display for Oversized {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes", self.0)
+    }
+}
+
+impl std::error::Error for Oversized {}
+
+fn read(file: &Path, limit: Option<usize>) -> io::Result<Option<StoredObject>> {
     let mut f = match File::open(file) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
     let meta = f.metadata()?;
+    // The header line (the ETag) is not part of the object; allow for it.
+    if let Some(limit) = limit
+        && meta.len()
+            > u64::try_from(limit)
+                .unwrap_or(u64::MAX)
+                .saturating_add(HEADER_ALLOWANCE)
+    {
+        return Err(io::Error::other(Oversized(meta.len())));
+    }
     let last_modified = meta
         .modified()
         .ok()
@@ -226,7 +249,7 @@ fn put_sync(file: &Path, body: &[u8], mode: &PutMode, token: &str) -> io::Result
             }
             let _guard = lock(file)?;
             if let PutMode::IfMatch(expected) = mode {
-                let current = read(file)?.map(|o| o.version.etag);
+                let current = read(file, None)?.map(|o| o.version.etag);
                 if current.is_none() || current != Some(expected.etag.clone()) {
                     return Ok(PutOutcome::Conflict(None));
                 }
@@ -306,7 +329,41 @@ fn list_sync(root: &Path, prefix: &str) -> io::Result<Vec<String>> {
 impl Backend for DirBackend {
     async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
         let file = self.file(key);
-        blocking(Op::Get, key, move || read(&file)).await
+        blocking(Op::Get, key, move || read(&file, None)).await
+    }
+
+    async fn get_bounded(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> Result<Option<StoredObject>, StoreError> {
+        let file = self.file(key);
+        let result = blocking(Op::Get, key, move || read(&file, Some(limit))).await;
+        // A file over the limit (header included) is refused before it is read; one within
+        // it is checked exactly once read.
+        let oversized = |e: &StoreError| {
+            std::error::Error::source(e)
+                .and_then(|s| s.downcast_ref::<io::Error>())
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<Oversized>())
+                .map(|o| o.0)
+        };
+        match result {
+            Err(e) => match oversized(&e) {
+                Some(size) => Err(StoreError::TooLarge {
+                    key: key.to_string(),
+                    size,
+                    limit,
+                }),
+                None => Err(e),
+            },
+            Ok(Some(o)) if o.body.len() > limit => Err(StoreError::TooLarge {
+                key: key.to_string(),
+                size: u64::try_from(o.body.len()).unwrap_or(u64::MAX),
+                limit,
+            }),
+            other => other,
+        }
     }
 
     async fn put(

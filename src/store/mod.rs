@@ -163,6 +163,26 @@ pub struct StoredObject {
 pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Reads the object at `key`, or `None` if absent.
     async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError>;
+    /// Like [`get`](Self::get), but refuses an object larger than `limit` bytes with
+    /// [`StoreError::TooLarge`], ideally before its body is read into memory. The default reads
+    /// it whole and then checks; the built-in backends check the size first.
+    async fn get_bounded(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> Result<Option<StoredObject>, StoreError> {
+        let object = self.get(key).await?;
+        if let Some(o) = &object
+            && o.body.len() > limit
+        {
+            return Err(StoreError::TooLarge {
+                key: key.to_string(),
+                size: u64::try_from(o.body.len()).unwrap_or(u64::MAX),
+                limit,
+            });
+        }
+        Ok(object)
+    }
     /// Writes `body` at `key` under `mode`, recording the write `token`.
     async fn put(
         &self,
@@ -181,6 +201,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 impl<B: Backend + ?Sized> Backend for Arc<B> {
     async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
         (**self).get(key).await
+    }
+    async fn get_bounded(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> Result<Option<StoredObject>, StoreError> {
+        (**self).get_bounded(key, limit).await
     }
     async fn put(
         &self,
@@ -313,8 +340,14 @@ impl Store {
         self.raw_get(&full).await
     }
 
+    /// Every read is bounded by [`MAX_DOCUMENT_BYTES`](crate::MAX_DOCUMENT_BYTES), the largest
+    /// document cojob writes: a larger object (planted, or not cojob's) is refused with
+    /// [`StoreError::TooLarge`] without being buffered.
     async fn raw_get(&self, full: &str) -> Result<Option<StoredObject>, StoreError> {
-        let result = self.backend.get(full).await;
+        let result = self
+            .backend
+            .get_bounded(full, crate::MAX_DOCUMENT_BYTES)
+            .await;
         self.stats.record(
             Op::Get,
             match &result {

@@ -200,9 +200,14 @@ fn is_unavailable(source: &(dyn std::error::Error + 'static)) -> bool {
         .is_some_and(|code| code >= 500 || code == 429 || code == 408)
 }
 
-#[async_trait]
-impl Backend for ObjectStoreBackend {
-    async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+impl ObjectStoreBackend {
+    /// Reads `key`; with a `limit`, refuses a larger object from its response head, before the
+    /// body is read.
+    async fn read(
+        &self,
+        key: &str,
+        limit: Option<usize>,
+    ) -> Result<Option<StoredObject>, StoreError> {
         let location = path(key)?;
         let result = match self.inner.get(&location).await {
             Ok(r) => r,
@@ -215,6 +220,15 @@ impl Backend for ObjectStoreBackend {
             etag: result.meta.e_tag.clone(),
             generation: result.meta.version.clone(),
         };
+        if let Some(limit) = limit
+            && result.meta.size > u64::try_from(limit).unwrap_or(u64::MAX)
+        {
+            return Err(StoreError::TooLarge {
+                key: key.to_string(),
+                size: result.meta.size,
+                limit,
+            });
+        }
         let last_modified = Some(result.meta.last_modified);
         let token = result
             .attributes
@@ -232,6 +246,21 @@ impl Backend for ObjectStoreBackend {
             token,
             last_modified,
         }))
+    }
+}
+
+#[async_trait]
+impl Backend for ObjectStoreBackend {
+    async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
+        self.read(key, None).await
+    }
+
+    async fn get_bounded(
+        &self,
+        key: &str,
+        limit: usize,
+    ) -> Result<Option<StoredObject>, StoreError> {
+        self.read(key, Some(limit)).await
     }
 
     async fn put(

@@ -60,6 +60,7 @@ macro_rules! primitive_suite {
             store_lists_sorted_and_rejects_bad_keys,
             store_measures_its_clock_offset,
             fence_refuses_older_tokens_even_in_a_race,
+            reads_refuse_objects_over_the_document_limit,
         );
     };
     (@cases $kind:expr; $($case:ident),* $(,)?) => {
@@ -1108,5 +1109,48 @@ pub async fn fence_refuses_older_tokens_even_in_a_race(r: Rig) {
     assert_eq!(
         stored_bytes(&r, "foreign").await.unwrap(),
         br#"{"fence":"x"}"#
+    );
+}
+
+/// An object larger than any document cojob writes (planted under a job's prefix, say) is
+/// refused by every read with a typed error, instead of being buffered; one at the limit reads.
+pub async fn reads_refuse_objects_over_the_document_limit(r: Rig) {
+    use cojob::StoreError;
+    let big = vec![b' '; MAX_DOCUMENT_BYTES + 1];
+    r.raw
+        .put("huge", big.into(), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let err = r.raw.get("huge").await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::TooLarge { size, limit, .. } if *size == MAX_DOCUMENT_BYTES as u64 + 1 && *limit == MAX_DOCUMENT_BYTES),
+        "{err:?}"
+    );
+    let err = r.db.doc::<Value>("huge").get().await.unwrap_err();
+    assert!(
+        matches!(err, Error::Store(StoreError::TooLarge { .. })),
+        "{err}"
+    );
+    assert!(!err.is_transient(), "not retried: {err}");
+    let err = r.db.inspect_lease("huge").await.unwrap_err();
+    assert!(
+        matches!(err, Error::Store(StoreError::TooLarge { .. })),
+        "{err}"
+    );
+    let err = r.db.claim("huge", &1).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Store(StoreError::TooLarge { .. })),
+        "{err}"
+    );
+
+    let mut at_limit = vec![b' '; MAX_DOCUMENT_BYTES - 2];
+    at_limit.splice(0..0, *b"{}");
+    r.raw
+        .put("largest", at_limit.into(), PutMode::Overwrite)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.raw.get("largest").await.unwrap().unwrap().0.len(),
+        MAX_DOCUMENT_BYTES
     );
 }

@@ -86,12 +86,81 @@ pub enum Error {
 }
 
 impl Error {
-    /// True when the bucket is at fault (reported as `StoreUnavailable`).
+    /// True when the bucket is at fault (reported by [`public_report`](Self::public_report)).
     pub fn is_store(&self) -> bool {
         matches!(
             self,
             Error::Store(_) | Error::Sweep(SweepError::Store(_) | SweepError::Foreign { .. })
         )
+    }
+
+    /// The condition reason and message of a bucket failure, as the job's namespace may see
+    /// them: what is wrong and which of the job's own keys, never the store's reply (which can
+    /// name the endpoint, the account or the principal). The whole error goes to the
+    /// controller's log. `None` when the bucket is not at fault.
+    ///
+    /// ```
+    /// use cojob_controller::reconcile::Error;
+    /// let e = Error::Store(cojob::Error::Corrupt {
+    ///     key: "v1/jobs/a/j/u/index".into(),
+    ///     expected: "index".into(),
+    ///     detail: "User: arn:aws:iam::1:user/ops".into(),
+    /// });
+    /// let (reason, message) = e.public_report().unwrap();
+    /// assert_eq!(reason, "InvalidStoreDocument");
+    /// assert!(message.contains("v1/jobs/a/j/u/index") && !message.contains("arn:"), "{message}");
+    /// ```
+    pub fn public_report(&self) -> Option<(&'static str, String)> {
+        const LOG: &str = "details in the controller's log";
+        let lib = match self {
+            Error::Store(e) | Error::Sweep(SweepError::Store(e)) => e,
+            Error::Sweep(SweepError::Foreign { run_id, .. }) => {
+                return Some((
+                    "InvalidStoreDocument",
+                    format!(
+                        "run {run_id}: its lease in the bucket is not a cojob run; it is left untouched ({LOG})"
+                    ),
+                ));
+            }
+            _ => return None,
+        };
+        let store = |e: &cojob::StoreError| match e {
+            cojob::StoreError::TooLarge { key, size, limit } => (
+                "InvalidStoreDocument",
+                format!(
+                    "{key} in the bucket has {size} bytes, more than the {limit} of a cojob document; it is not read and this job waits until it is removed ({LOG})"
+                ),
+            ),
+            cojob::StoreError::AccessDenied { .. } => (
+                "StoreAccessDenied",
+                format!("the bucket refused the controller's credentials; retrying ({LOG})"),
+            ),
+            cojob::StoreError::NoSuchBucket { .. } => (
+                "StoreUnavailable",
+                format!("the bucket does not exist; retrying ({LOG})"),
+            ),
+            _ => (
+                "StoreUnavailable",
+                format!("the bucket cannot be reached or failed; retrying ({LOG})"),
+            ),
+        };
+        Some(match lib {
+            cojob::Error::Store(e) => store(e),
+            cojob::Error::Corrupt { key, expected, .. } => (
+                "InvalidStoreDocument",
+                format!(
+                    "{key} in the bucket is not a valid {expected}; it is left untouched ({LOG})"
+                ),
+            ),
+            cojob::Error::Contention { key, .. } => (
+                "StoreUnavailable",
+                format!("{key}: too many concurrent writers; retrying ({LOG})"),
+            ),
+            _ => (
+                "StoreUnavailable",
+                format!("the bucket failed; retrying ({LOG})"),
+            ),
+        })
     }
 }
 
@@ -143,9 +212,10 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
             Ok(Action::requeue(synced.requeue))
         }
         Err(e) => {
-            if e.is_store() {
-                // The API server may be the one failing; the error is returned either way.
-                let _ = report_not_ready(&scope, "StoreUnavailable", &e.to_string()).await;
+            if let Some((reason, message)) = e.public_report() {
+                // The API server may be the one failing; the error is returned either way, and
+                // logged whole by the error policy.
+                let _ = report_not_ready(&scope, reason, &message).await;
             }
             Err(e)
         }

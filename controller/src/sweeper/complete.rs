@@ -56,6 +56,32 @@ pub async fn start_timed_out(
     after_record(scope, run, lease, state, phase, pods, said).await
 }
 
+/// The API server refused the current attempt's pod: end the attempt (it counts) with reason
+/// `PodRejected`, delete the holder Secret no pod will ever take, and retry when attempts are
+/// left (a quota may have room by then; an invalid template fails every attempt).
+pub async fn pod_rejected(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    pods: &RunPods,
+    said: &mut Announcements,
+) -> Result<RunReport, SweepError> {
+    let (max, now) = (scope.max_attempts(), now_str(scope));
+    let transition: Box<Transition> = Box::new(move |s| run::pod_rejected(s, max, &now));
+    let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
+        return Ok(active(Some(lease), None));
+    };
+    let secret = holder::secret_name(&run.run_id, lease.epoch);
+    if let Err(e) = scope
+        .secrets
+        .delete(&secret, &kube::api::DeleteParams::default())
+        .await
+    {
+        tracing::debug!(job = %scope.name, %secret, error = %e, "could not delete the unused holder Secret");
+    }
+    after_record(scope, run, lease, state, phase, pods, said).await
+}
+
 /// Writes the transition's state and releases the lease, holding it with the attempt's
 /// Secret, or, when that holder is gone and the lease expired or was released, by taking it
 /// over guarded by the attempt's `dispatch` marker (so a newer attempt is never overwritten).

@@ -123,7 +123,21 @@ pub async fn dispatch(
         .map(|(_, p)| p.name_any())
         .collect();
     let pod = if blocking.is_empty() {
-        spawn(scope, run, epoch, state.attempt).await?
+        match spawn(scope, run, epoch, state.attempt).await {
+            Ok(pod) => pod,
+            // Recorded by the next pass (the attempt's pod was never created), which fails
+            // the attempt with the API server's reason.
+            Err(SweepError::PodRejected { pod, code, message }) => {
+                tracing::warn!(job = %scope.name, %pod, code, %message, "the API server refused the run's pod");
+                return Ok(RunReport::Active {
+                    epoch,
+                    attempt: state.attempt,
+                    pod: None,
+                    phase: state.status,
+                });
+            }
+            Err(e) => return Err(e),
+        }
     } else {
         None
     };
@@ -196,6 +210,13 @@ pub async fn spawn(
     let created = match scope.pods.create(&PostParams::default(), &pod).await {
         Ok(p) => p,
         Err(kube::Error::Api(s)) if s.code == 409 => scope.pods.get(&name).await?,
+        Err(kube::Error::Api(s)) if matches!(s.code, 400 | 403 | 404 | 422) => {
+            return Err(SweepError::PodRejected {
+                pod: name,
+                code: s.code,
+                message: s.message,
+            });
+        }
         Err(e) => return Err(e.into()),
     };
     if !scope.owns(created.owner_references()) {

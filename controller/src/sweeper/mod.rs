@@ -65,6 +65,17 @@ pub enum SweepError {
     /// A holder Secret exists but holds no usable holder; it is left untouched.
     #[error("secret {0} holds no holder")]
     BadSecret(String),
+    /// The API server refused to create a run's pod (400, 403, 404 or 422): the template,
+    /// PodSecurity or a quota is at fault, not the controller.
+    #[error("pod {pod} refused by the API server ({code}): {message}")]
+    PodRejected {
+        /// The pod.
+        pod: String,
+        /// The HTTP status.
+        code: u16,
+        /// The API server's message.
+        message: String,
+    },
 }
 
 /// Where a run stands after a sweep.
@@ -190,13 +201,26 @@ pub async fn sync_run(
         }
         (Step::CreatePod, Some(l)) => {
             let state = RunState::parse(&l.state).map_err(|r| foreign(&run.run_id, r))?;
-            let pod = dispatch::spawn(scope, run, l.epoch, state.attempt).await?;
-            tracing::info!(job = %scope.name, run = %run.run_id, epoch = l.epoch, ?pod, "pod created");
-            RunReport::Active {
-                epoch: l.epoch,
-                attempt: state.attempt,
-                pod,
-                phase: state.status,
+            match dispatch::spawn(scope, run, l.epoch, state.attempt).await {
+                Ok(pod) => {
+                    tracing::info!(job = %scope.name, run = %run.run_id, epoch = l.epoch, ?pod, "pod created");
+                    RunReport::Active {
+                        epoch: l.epoch,
+                        attempt: state.attempt,
+                        pod,
+                        phase: state.status,
+                    }
+                }
+                Err(SweepError::PodRejected { pod, code, message }) => {
+                    tracing::warn!(job = %scope.name, %pod, code, %message, "the API server refused the run's pod");
+                    said.run_warning(
+                        "PodRejected",
+                        format!("pod {pod} refused by the API server: {message}"),
+                        &pod,
+                    );
+                    complete::pod_rejected(scope, run, l, pods, said).await?
+                }
+                Err(e) => return Err(e),
             }
         }
         (Step::Complete(outcome), Some(l)) => {
