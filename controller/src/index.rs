@@ -118,7 +118,60 @@ pub struct HistoryLimits {
     pub failed: usize,
 }
 
+/// The most active runs an index may list; more means it was not written by cojob.
+pub const MAX_ACTIVE: usize = 1000;
+/// The most finished runs an index may keep.
+pub const MAX_RECENT: usize = 1000;
+
 impl JobIndex {
+    /// Checks what parsing cannot: at most [`MAX_ACTIVE`] active and [`MAX_RECENT`] finished
+    /// runs, and every run id the one the layout gives `job` for its tick. An index that fails
+    /// was not written by cojob for this job (planted, or another job's), and is left untouched.
+    ///
+    /// ```
+    /// use cojob_controller::index::{ActiveRun, JobIndex};
+    /// let mut index = JobIndex::default();
+    /// index.active.push(ActiveRun { run_id: "nightly-once".into(), fire_time: None });
+    /// assert!(index.validate("nightly").is_ok());
+    /// index.active.push(ActiveRun { run_id: "other-once".into(), fire_time: None });
+    /// assert!(index.validate("nightly").unwrap_err().contains("other-once"));
+    /// ```
+    pub fn validate(&self, job: &str) -> Result<(), String> {
+        if self.active.len() > MAX_ACTIVE {
+            return Err(format!(
+                "{} active runs, more than {MAX_ACTIVE}",
+                self.active.len()
+            ));
+        }
+        if self.recent.len() > MAX_RECENT {
+            return Err(format!(
+                "{} finished runs, more than {MAX_RECENT}",
+                self.recent.len()
+            ));
+        }
+        let runs = self
+            .active
+            .iter()
+            .map(|a| (&a.run_id, &a.fire_time))
+            .chain(self.recent.iter().map(|f| (&f.run_id, &f.fire_time)));
+        for (run_id, fire_time) in runs {
+            let tick = match fire_time {
+                Some(t) => Some(
+                    cojob::json::parse_time(t)
+                        .map_err(|e| format!("run {run_id}: tick {t:?}: {e}"))?,
+                ),
+                None => None,
+            };
+            let expected = crate::layout::run_id(job, tick);
+            if *run_id != expected {
+                return Err(format!(
+                    "run id {run_id:?} is not the one of job {job} for its tick ({expected:?})"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The cursor as a time.
     pub fn cursor_time(&self) -> Option<DateTime<Utc>> {
         self.cursor

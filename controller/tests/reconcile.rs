@@ -911,3 +911,38 @@ async fn a_refused_pod_fails_its_attempt_with_the_api_reason() {
     }
     h.cleanup().await;
 }
+
+/// An index listing a run id that is not this job's (forged, or copied from another job) is
+/// refused as a whole and left untouched: `InvalidStoreDocument`, nothing runs.
+#[tokio::test]
+async fn an_index_with_a_forged_run_id_is_refused() {
+    let h = Harness::new("it-forged").await;
+    h.create_job("forged", json!({})).await;
+    let key = h.keys("forged").await.index();
+    let mut index = cojob_controller::index::JobIndex::default();
+    index.active.push(cojob_controller::index::ActiveRun {
+        run_id: "victim-once".into(),
+        fire_time: None,
+    });
+    h.db.doc::<cojob_controller::index::JobIndex>(&key)
+        .set(&index)
+        .await
+        .unwrap();
+    let before = h.db.store().get(&key).await.unwrap().unwrap();
+    let cx = h.context(&Budget::unlimited());
+    let err = h
+        .reconcile_with(&cx, "forged")
+        .await
+        .expect_err("a forged index");
+    assert!(err.to_string().contains("victim-once"), "{err}");
+    let s = status(&h.job("forged").await);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason, "InvalidStoreDocument");
+    assert!(h.job_pods("forged").await.is_empty());
+    assert_eq!(
+        h.db.store().get(&key).await.unwrap().unwrap(),
+        before,
+        "left untouched"
+    );
+    h.cleanup().await;
+}

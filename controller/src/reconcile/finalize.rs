@@ -35,7 +35,7 @@ async fn cancel_and_release(
         return Ok(Action::await_change());
     }
     let doc = scope.cx.db.doc::<JobIndex>(&scope.keys.index());
-    let known = doc.get().await?;
+    let known = read_index(scope, &doc).await?;
     let index = index_of(&known);
     let pods = list_pods(scope).await?;
     let empty = RunPods::new();

@@ -295,6 +295,22 @@ async fn sweep(
 /// The index as last read or written, with its version (`None`: not stored yet).
 type KnownIndex = Option<(JobIndex, Version)>;
 
+/// Reads the job's index, refusing one cojob did not write for this job
+/// ([`JobIndex::validate`]) as corrupt.
+async fn read_index(scope: &JobScope<'_>, doc: &Doc<JobIndex>) -> Result<KnownIndex, Error> {
+    let known = doc.get().await?;
+    if let Some((index, _)) = &known {
+        index.validate(&scope.name).map_err(|detail| {
+            Error::Store(cojob::Error::Corrupt {
+                key: scope.keys.index(),
+                expected: "index of this job".into(),
+                detail,
+            })
+        })?;
+    }
+    Ok(known)
+}
+
 fn index_of(known: &KnownIndex) -> JobIndex {
     known.as_ref().map(|(i, _)| i.clone()).unwrap_or_default()
 }
@@ -335,7 +351,7 @@ async fn sync(
     let db = &scope.cx.db;
     let spec = &scope.job.spec;
     let doc = db.doc::<JobIndex>(&scope.keys.index());
-    let mut known = doc.get().await?;
+    let mut known = read_index(scope, &doc).await?;
     let pods = list_pods(scope).await?;
     let limits = history_limits(spec);
 
