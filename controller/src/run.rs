@@ -325,6 +325,17 @@ pub fn start_timed_out(
     max_attempts: u32,
     now: &str,
 ) -> Result<(Value, RunPhase), Refusal> {
+    fail_unstarted(prev, START_TIMEOUT, max_attempts, now)
+}
+
+/// Fails an attempt whose workload never started, with `reason`; refused once a sidecar
+/// recorded a start.
+fn fail_unstarted(
+    prev: &Value,
+    reason: &str,
+    max_attempts: u32,
+    now: &str,
+) -> Result<(Value, RunPhase), Refusal> {
     let state = RunState::parse(prev)?;
     if !state.never_started() {
         return Err(Refusal::Started);
@@ -332,7 +343,7 @@ pub fn start_timed_out(
     let outcome = PodOutcome {
         succeeded: false,
         exit_code: None,
-        reason: Some(START_TIMEOUT.into()),
+        reason: Some(reason.into()),
     };
     complete(prev, &outcome, max_attempts, now)
 }
@@ -356,16 +367,7 @@ pub fn pod_rejected(
     max_attempts: u32,
     now: &str,
 ) -> Result<(Value, RunPhase), Refusal> {
-    let state = RunState::parse(prev)?;
-    if !state.never_started() {
-        return Err(Refusal::Started);
-    }
-    let outcome = PodOutcome {
-        succeeded: false,
-        exit_code: None,
-        reason: Some(POD_REJECTED.into()),
-    };
-    complete(prev, &outcome, max_attempts, now)
+    fail_unstarted(prev, POD_REJECTED, max_attempts, now)
 }
 
 /// The state that cancels a run outright (its pod is stopped by the caller).

@@ -132,33 +132,27 @@ fn sync_dir(file: &Path) -> io::Result<()> {
     }
 }
 
-/// The size of a file [`read`] refused: more than its limit (plus the header line).
-#[derive(Debug)]
-struct Oversized(u64);
-
-impl std::fmt::Display for Oversized {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} bytes", self.0)
-    }
+fn read(file: &Path) -> io::Result<Option<StoredObject>> {
+    // Without a limit nothing is refused.
+    read_within(file, None).map(|r| r.unwrap_or(None))
 }
 
-impl std::error::Error for Oversized {}
-
-fn read(file: &Path, limit: Option<usize>) -> io::Result<Option<StoredObject>> {
+/// Reads `file`, unless it is larger than `limit` (plus the header line, which is not part of
+/// the object): then `Err(size)`, before anything is read.
+fn read_within(file: &Path, limit: Option<usize>) -> io::Result<Result<Option<StoredObject>, u64>> {
     let mut f = match File::open(file) {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ok(None)),
         Err(e) => return Err(e),
     };
     let meta = f.metadata()?;
-    // The header line (the ETag) is not part of the object; allow for it.
     if let Some(limit) = limit
         && meta.len()
             > u64::try_from(limit)
                 .unwrap_or(u64::MAX)
                 .saturating_add(HEADER_ALLOWANCE)
     {
-        return Err(io::Error::other(Oversized(meta.len())));
+        return Ok(Err(meta.len()));
     }
     let last_modified = meta
         .modified()
@@ -167,7 +161,7 @@ fn read(file: &Path, limit: Option<usize>) -> io::Result<Option<StoredObject>> {
     let mut buf = Vec::with_capacity(meta.len() as usize);
     f.read_to_end(&mut buf)?;
     let header_end = buf.iter().position(|&b| b == b'\n');
-    Ok(Some(match header_end {
+    Ok(Ok(Some(match header_end {
         Some(end) if buf.starts_with(HEADER) => {
             let etag = String::from_utf8_lossy(&buf[HEADER.len()..end]).into_owned();
             let body = Bytes::from(buf).slice(end + 1..);
@@ -197,7 +191,7 @@ fn read(file: &Path, limit: Option<usize>) -> io::Result<Option<StoredObject>> {
             token: None,
             last_modified,
         },
-    }))
+    })))
 }
 
 fn write_temp(file: &Path, body: &[u8], token: &str) -> io::Result<PathBuf> {
@@ -249,7 +243,7 @@ fn put_sync(file: &Path, body: &[u8], mode: &PutMode, token: &str) -> io::Result
             }
             let _guard = lock(file)?;
             if let PutMode::IfMatch(expected) = mode {
-                let current = read(file, None)?.map(|o| o.version.etag);
+                let current = read(file)?.map(|o| o.version.etag);
                 if current.is_none() || current != Some(expected.etag.clone()) {
                     return Ok(PutOutcome::Conflict(None));
                 }
@@ -329,7 +323,7 @@ fn list_sync(root: &Path, prefix: &str) -> io::Result<Vec<String>> {
 impl Backend for DirBackend {
     async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
         let file = self.file(key);
-        blocking(Op::Get, key, move || read(&file, None)).await
+        blocking(Op::Get, key, move || read(&file)).await
     }
 
     async fn get_bounded(
@@ -338,31 +332,14 @@ impl Backend for DirBackend {
         limit: usize,
     ) -> Result<Option<StoredObject>, StoreError> {
         let file = self.file(key);
-        let result = blocking(Op::Get, key, move || read(&file, Some(limit))).await;
-        // A file over the limit (header included) is refused before it is read; one within
-        // it is checked exactly once read.
-        let oversized = |e: &StoreError| {
-            std::error::Error::source(e)
-                .and_then(|s| s.downcast_ref::<io::Error>())
-                .and_then(|io| io.get_ref())
-                .and_then(|inner| inner.downcast_ref::<Oversized>())
-                .map(|o| o.0)
-        };
-        match result {
-            Err(e) => match oversized(&e) {
-                Some(size) => Err(StoreError::TooLarge {
-                    key: key.to_string(),
-                    size,
-                    limit,
-                }),
-                None => Err(e),
-            },
-            Ok(Some(o)) if o.body.len() > limit => Err(StoreError::TooLarge {
+        match blocking(Op::Get, key, move || read_within(&file, Some(limit))).await? {
+            Err(size) => Err(StoreError::TooLarge {
                 key: key.to_string(),
-                size: u64::try_from(o.body.len()).unwrap_or(u64::MAX),
+                size,
                 limit,
             }),
-            other => other,
+            // Within the limit with its header line; the object itself is checked exactly.
+            Ok(object) => super::within_limit(key, object, limit),
         }
     }
 

@@ -171,17 +171,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         key: &str,
         limit: usize,
     ) -> Result<Option<StoredObject>, StoreError> {
-        let object = self.get(key).await?;
-        if let Some(o) = &object
-            && o.body.len() > limit
-        {
-            return Err(StoreError::TooLarge {
-                key: key.to_string(),
-                size: u64::try_from(o.body.len()).unwrap_or(u64::MAX),
-                limit,
-            });
-        }
-        Ok(object)
+        within_limit(key, self.get(key).await?, limit)
     }
     /// Writes `body` at `key` under `mode`, recording the write `token`.
     async fn put(
@@ -223,6 +213,22 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         (**self).list(prefix).await
+    }
+}
+
+/// `object`, unless its body is larger than `limit` ([`StoreError::TooLarge`]).
+pub(crate) fn within_limit(
+    key: &str,
+    object: Option<StoredObject>,
+    limit: usize,
+) -> Result<Option<StoredObject>, StoreError> {
+    match object {
+        Some(o) if o.body.len() > limit => Err(StoreError::TooLarge {
+            key: key.to_string(),
+            size: u64::try_from(o.body.len()).unwrap_or(u64::MAX),
+            limit,
+        }),
+        other => Ok(other),
     }
 }
 

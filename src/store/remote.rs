@@ -132,12 +132,7 @@ impl Reply {
             cause = e.source();
         }
         let full = err.to_string();
-        let status = full
-            .split("status code: ")
-            .nth(1)
-            .or_else(|| deepest.split("status code: ").nth(1))
-            .and_then(|rest| rest.get(..3))
-            .and_then(|code| code.parse::<u16>().ok());
+        let status = status_code(&full).or_else(|| status_code(&deepest));
         let tag = |name: &str| {
             let open = format!("<{name}>");
             let close = format!("</{name}>");
@@ -179,6 +174,14 @@ impl fmt::Display for Reply {
 
 impl std::error::Error for Reply {}
 
+/// The HTTP status in an `object_store` error message ("… status code: 503 …").
+fn status_code(text: &str) -> Option<u16> {
+    text.split("status code: ")
+        .nth(1)
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse().ok())
+}
+
 /// True for transport failures and server-side errors (5xx, 429, 408) that outlasted
 /// `object_store`'s own retries. `object_store` does not export its retry error, so a status is
 /// recognised from its message ("Server returned non-2xx status code: 503 …").
@@ -192,12 +195,7 @@ fn is_unavailable(source: &(dyn std::error::Error + 'static)) -> bool {
         }
         cause = e.source();
     }
-    let text = source.to_string();
-    text.split("status code: ")
-        .nth(1)
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse::<u16>().ok())
-        .is_some_and(|code| code >= 500 || code == 429 || code == 408)
+    status_code(&source.to_string()).is_some_and(|code| code >= 500 || code == 429 || code == 408)
 }
 
 impl ObjectStoreBackend {

@@ -35,49 +35,52 @@ pub async fn complete(
     after_record(scope, run, lease, state, phase, pods, said).await
 }
 
-/// The current attempt's pod did not start its workload within `startTimeoutSeconds`: end the
-/// attempt (it counts), stop the pod, and retry when attempts are left. Nothing is recorded if
-/// the sidecar recorded a start meanwhile.
-pub async fn start_timed_out(
-    scope: &JobScope<'_>,
-    run: &ActiveRun,
-    lease: &LeaseInfo,
-    pods: &RunPods,
-    said: &mut Announcements,
-) -> Result<RunReport, SweepError> {
-    let (max, now) = (scope.max_attempts(), now_str(scope));
-    let transition: Box<Transition> = Box::new(move |s| run::start_timed_out(s, max, &now));
-    let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
-        return Ok(active(Some(lease), None));
-    };
-    let pod = crate::pod::pod_name(&run.run_id, lease.epoch);
-    tracing::info!(job = %scope.name, run = %run.run_id, %pod, "the attempt's pod did not start in time");
-    super::pods::delete_pod(scope, &pod, super::pods::Stop::Fence).await?;
-    after_record(scope, run, lease, state, phase, pods, said).await
+/// Why an attempt whose workload never started is given up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unstarted {
+    /// Its pod did not start the workload within `startTimeoutSeconds` (reason
+    /// `StartTimeout`); the pod is stopped.
+    TimedOut,
+    /// The API server refused its pod (reason `PodRejected`); the holder Secret no pod will
+    /// ever take is deleted.
+    Rejected,
 }
 
-/// The API server refused the current attempt's pod: end the attempt (it counts) with reason
-/// `PodRejected`, delete the holder Secret no pod will ever take, and retry when attempts are
-/// left (a quota may have room by then; an invalid template fails every attempt).
-pub async fn pod_rejected(
+/// Ends the current attempt, which never started its workload (it counts), cleans up after
+/// it, and retries when attempts are left (a quota may have room by then; an invalid template
+/// fails every attempt). Nothing is recorded if the sidecar recorded a start meanwhile.
+pub async fn fail_unstarted(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: &LeaseInfo,
     pods: &RunPods,
     said: &mut Announcements,
+    why: Unstarted,
 ) -> Result<RunReport, SweepError> {
     let (max, now) = (scope.max_attempts(), now_str(scope));
-    let transition: Box<Transition> = Box::new(move |s| run::pod_rejected(s, max, &now));
+    let transition: Box<Transition> = match why {
+        Unstarted::TimedOut => Box::new(move |s| run::start_timed_out(s, max, &now)),
+        Unstarted::Rejected => Box::new(move |s| run::pod_rejected(s, max, &now)),
+    };
     let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
         return Ok(active(Some(lease), None));
     };
-    let secret = holder::secret_name(&run.run_id, lease.epoch);
-    if let Err(e) = scope
-        .secrets
-        .delete(&secret, &kube::api::DeleteParams::default())
-        .await
-    {
-        tracing::debug!(job = %scope.name, %secret, error = %e, "could not delete the unused holder Secret");
+    match why {
+        Unstarted::TimedOut => {
+            let pod = crate::pod::pod_name(&run.run_id, lease.epoch);
+            tracing::info!(job = %scope.name, run = %run.run_id, %pod, "the attempt's pod did not start in time");
+            super::pods::delete_pod(scope, &pod, super::pods::Stop::Fence).await?;
+        }
+        Unstarted::Rejected => {
+            let secret = holder::secret_name(&run.run_id, lease.epoch);
+            if let Err(e) = scope
+                .secrets
+                .delete(&secret, &kube::api::DeleteParams::default())
+                .await
+            {
+                tracing::debug!(job = %scope.name, %secret, error = %e, "could not delete the unused holder Secret");
+            }
+        }
     }
     after_record(scope, run, lease, state, phase, pods, said).await
 }

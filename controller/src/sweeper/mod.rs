@@ -218,7 +218,15 @@ pub async fn sync_run(
                         format!("pod {pod} refused by the API server: {message}"),
                         &pod,
                     );
-                    complete::pod_rejected(scope, run, l, pods, said).await?
+                    complete::fail_unstarted(
+                        scope,
+                        run,
+                        l,
+                        pods,
+                        said,
+                        complete::Unstarted::Rejected,
+                    )
+                    .await?
                 }
                 Err(e) => return Err(e),
             }
@@ -227,7 +235,8 @@ pub async fn sync_run(
             complete::complete(scope, run, l, &outcome, pods, said).await?
         }
         (Step::StartTimedOut, Some(l)) => {
-            complete::start_timed_out(scope, run, l, pods, said).await?
+            complete::fail_unstarted(scope, run, l, pods, said, complete::Unstarted::TimedOut)
+                .await?
         }
         (Step::Steal, Some(l)) => steal(scope, run, l, pods, said).await?,
     };
