@@ -27,7 +27,7 @@
 use cojob::{Db, Error};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The file the sidecar writes in the shared volume once it holds the lease; its startup
 /// probe waits for it, so the workload never starts without a lease.
@@ -121,6 +121,13 @@ fn show_cancel(dir: &Path, state: &serde_json::Value) {
     }
 }
 
+/// Records for the workload's wrapper when the last successful renewal was sent.
+fn show_renewal(dir: &Path, sent_ms: u64) {
+    if let Err(e) = crate::wrap::mark_renewed(dir, sent_ms) {
+        tracing::warn!(error = %e, "could not record the renewal for the wrapper");
+    }
+}
+
 /// Runs the sidecar until `shutdown` resolves or the lease is lost.
 pub async fn run(
     args: Args,
@@ -156,11 +163,11 @@ pub async fn run(
     };
     // The controller's acquisition set the deadline; start a full ttl from now. This
     // compare-and-swap is also what proves the lease is still ours.
-    // `renewed` is taken before each request, so the sidecar's view of its deadline is never
-    // later than the one it wrote.
-    let mut sent = Instant::now();
+    // `sent_ms` is taken before each request, so the sidecar's view of its deadline is never
+    // later than the one it wrote. The clock is the node's boot-time clock (monotonic), the
+    // one the wrapper reads too.
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let mut sent_ms = crate::wrap::boot_clock_ms();
-    let mut renewed = sent;
     let mut renewed_ms = sent_ms;
     if let Err(e) = lease.renew().await {
         tracing::warn!(key = args.lease_key, error = %e, "first renewal failed");
@@ -170,13 +177,10 @@ pub async fn run(
         }
         // The controller renews a pending attempt when a third of the ttl is gone, so the
         // deadline it left may be only a third of the ttl away.
-        renewed = sent.checked_sub(ttl * 2 / 3).unwrap_or(sent);
-        renewed_ms = sent_ms.saturating_sub(u64::try_from((ttl * 2 / 3).as_millis()).unwrap_or(0));
+        renewed_ms = sent_ms.saturating_sub(ttl_ms * 2 / 3);
     }
     // What the wrapper fences the workload by: the deadline this sidecar last wrote.
-    if let Err(e) = crate::wrap::mark_renewed(dir, renewed_ms) {
-        tracing::warn!(error = %e, "could not record the renewal for the wrapper");
-    }
+    show_renewal(dir, renewed_ms);
     let started = cojob::json::format_time(chrono::Utc::now());
     let (pod, node) = (args.pod.clone(), args.node.clone());
     let first = lease
@@ -210,10 +214,8 @@ pub async fn run(
         match result {
             Ok(()) => {
                 if from_renewal {
-                    renewed = sent;
-                    if let Err(e) = crate::wrap::mark_renewed(dir, sent_ms) {
-                        tracing::warn!(error = %e, "could not record the renewal for the wrapper");
-                    }
+                    renewed_ms = sent_ms;
+                    show_renewal(dir, renewed_ms);
                 }
                 show_cancel(dir, lease.state());
             }
@@ -222,7 +224,7 @@ pub async fn run(
                 mark(dir, "lease_lost", &format!("{reason}\n"));
                 return Ok(Outcome::LeaseLost);
             }
-            Err(e) if renewed.elapsed() >= ttl => {
+            Err(e) if crate::wrap::boot_clock_ms().saturating_sub(renewed_ms) >= ttl_ms => {
                 // A whole ttl without a renewal, by this process's monotonic clock: the
                 // controller may take the run over from now on. Tell the workload, and stop.
                 tracing::warn!(key = args.lease_key, error = %e, "no renewal for a whole ttl; the lease is presumed lost");
@@ -247,7 +249,6 @@ pub async fn run(
             }
             () = tokio::time::sleep(pause) => {}
         }
-        sent = Instant::now();
         sent_ms = crate::wrap::boot_clock_ms();
         result = lease.renew().await;
         from_renewal = true;
