@@ -13,6 +13,24 @@ use kube::{Client, ResourceExt};
 
 use crate::context::{Context, Settings};
 use crate::crd::CoordinatedJob;
+use crate::sweeper::holder::HolderKey;
+
+/// A secret argument: parsed as given, never printed by `Debug`.
+#[derive(Clone)]
+pub struct Redacted(pub String);
+
+impl std::str::FromStr for Redacted {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Redacted(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
 
 /// Arguments of `cojob controller`.
 #[derive(Debug, clap::Args)]
@@ -40,6 +58,12 @@ pub struct ControllerArgs {
     /// controller's own credentials never leave its namespace.
     #[arg(long, env = "COJOB_SIDECAR_CREDENTIALS_SECRET")]
     pub sidecar_credentials_secret: Option<String>,
+    /// The key lease holders are derived under: at least 32 random bytes, the same for every
+    /// replica (the chart keeps it in a Secret of the controller's namespace). Holders are
+    /// never stored where the controller reads them back, so it needs no read access to
+    /// Secrets. Changing it costs the runs in flight one takeover each.
+    #[arg(long, env = "COJOB_HOLDER_KEY", hide_env_values = true)]
+    pub holder_key: Redacted,
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "COJOB_WATCH_NAMESPACE")]
     pub namespace: Option<String>,
@@ -89,6 +113,8 @@ fn refusal(bucket: &str, err: cojob::StoreError) -> anyhow::Error {
 /// Runs the operator until SIGTERM: checks that the bucket honours conditional writes (fails
 /// closed otherwise), then reconciles.
 pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
+    let holder_key = HolderKey::new(args.holder_key.0.as_bytes())
+        .context("refusing to start: COJOB_HOLDER_KEY (--holder-key) is too short")?;
     let db = cojob::Db::open(&args.bucket)
         .await
         .with_context(|| format!("opening the store {}", args.bucket))?;
@@ -114,6 +140,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         sweep_interval: args.sweep_interval,
         clock_skew_allowance: args.clock_skew_allowance,
         sidecar_credentials_secret: args.sidecar_credentials_secret.filter(|s| !s.is_empty()),
+        holder_key,
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");
     let cx = Arc::new(Context {

@@ -29,6 +29,8 @@ pub struct Settings {
     pub clock_skew_allowance: Duration,
     /// A Secret, in each run's namespace, with the sidecar's store credentials.
     pub sidecar_credentials_secret: Option<String>,
+    /// The key lease holders are derived under (never printed).
+    pub holder_key: crate::sweeper::holder::HolderKey,
 }
 
 impl std::fmt::Debug for Settings {
@@ -46,7 +48,7 @@ impl std::fmt::Debug for Settings {
                 "sidecar_credentials_secret",
                 &self.sidecar_credentials_secret,
             )
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 

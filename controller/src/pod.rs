@@ -128,6 +128,7 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
     env_vars.push(env("COJOB_LEASE_TTL_SECONDS", cfg.ttl_seconds.to_string()));
     for (name, path) in [
         ("POD_NAME", "metadata.name"),
+        ("POD_UID", "metadata.uid"),
         ("NODE_NAME", "spec.nodeName"),
     ] {
         env_vars.push(EnvVar {

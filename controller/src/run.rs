@@ -222,6 +222,7 @@ pub fn acquire(prev: Option<&Value>, a: &Acquire) -> Result<Value, Refusal> {
             "dispatch": a.dispatch,
             "dispatched_at": a.now,
             "pod": null,
+            "pod_uid": null,
             "node": null,
             "started_at": null,
             "exit_code": null,
@@ -438,8 +439,9 @@ pub struct Observed {
     pub succeeded: Option<PodOutcome>,
     /// Every pod of an older epoch than the lease's is quiescent.
     pub predecessors_quiescent: bool,
-    /// The current epoch's holder Secret exists and was never handed to a pod.
-    pub never_spawned: bool,
+    /// The lease is held and the current epoch's pod does not exist (confirmed by a fresh
+    /// read): it was never created (a crash, or it waited for an older pod), or it was removed.
+    pub pod_missing: bool,
 }
 
 /// The timing rules of a run.
@@ -489,8 +491,9 @@ pub enum Step {
     /// Held and its pod lives, or the pod waits for an older one to stop: nothing to do but
     /// keep a pending attempt's lease alive.
     Wait,
-    /// Held, the pod is missing, its holder Secret was never handed to a pod, and every older
-    /// pod is quiescent: create it.
+    /// Held, the attempt never started, its pod does not exist, and every older pod is
+    /// quiescent: create it (again). Its sidecar starts the workload only if no other pod of
+    /// the epoch started first.
     CreatePod,
     /// A pod ended: record its outcome. A success of any epoch ends the run (G2).
     Complete(PodOutcome),
@@ -532,7 +535,7 @@ pub fn decide(
         // Only an attempt whose pod never started may have its pod created again, and only
         // once nothing of an older attempt can still run.
         PodView::Absent
-            if seen.never_spawned && state.never_started() && seen.predecessors_quiescent =>
+            if seen.pod_missing && state.never_started() && seen.predecessors_quiescent =>
         {
             Ok(Step::CreatePod)
         }
@@ -711,7 +714,7 @@ mod tests {
             current,
             succeeded: None,
             predecessors_quiescent: true,
-            never_spawned: false,
+            pod_missing: false,
         }
     }
 
@@ -741,7 +744,7 @@ mod tests {
             10,
         );
         let unspawned = Observed {
-            never_spawned: true,
+            pod_missing: true,
             ..seen(PodView::Absent)
         };
         assert_eq!(decide(Some(&pending), &unspawned, &t), Ok(Step::CreatePod));

@@ -71,7 +71,17 @@ pub struct Args {
     /// The node's name (downward API).
     #[arg(long, env = "NODE_NAME")]
     node: Option<String>,
+    /// The pod's UID (downward API): recorded when the workload starts, so that no other pod
+    /// of the same epoch (one created again after this one's API object was removed) ever
+    /// starts its workload too.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
 }
+
+/// Another pod of the same epoch started its workload first.
+#[derive(Debug, thiserror::Error)]
+#[error("pod {0} of this epoch started first")]
+struct OtherPodStarted(String);
 
 impl std::fmt::Debug for Args {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -182,15 +192,26 @@ pub async fn run(
     // What the wrapper fences the workload by: the deadline this sidecar last wrote.
     show_renewal(dir, renewed_ms);
     let started = cojob::json::format_time(chrono::Utc::now());
-    let (pod, node) = (args.pod.clone(), args.node.clone());
+    let (pod, node, uid) = (args.pod.clone(), args.node.clone(), args.pod_uid.clone());
     let first = lease
-        .update_state(|s| {
-            cojob::lease::merge(
+        .try_update_state(|s| {
+            let recorded = s.get("pod_uid").and_then(serde_json::Value::as_str);
+            if let (Some(recorded), Some(mine)) = (recorded, uid.as_deref())
+                && recorded != mine
+            {
+                return Err(OtherPodStarted(recorded.to_owned()).into());
+            }
+            Ok(cojob::lease::merge(
                 s,
-                json!({"status": "running", "pod": pod, "node": node, "started_at": started}),
-            )
+                json!({"status": "running", "pod": pod, "node": node, "pod_uid": uid, "started_at": started}),
+            ))
         })
         .await;
+    if let Err(Error::Aborted { source, .. }) = &first {
+        tracing::error!(key = args.lease_key, reason = %source, "not starting: another pod of this epoch started");
+        mark(dir, "lease_lost", &format!("{source}\n"));
+        return Ok(Outcome::NotAttached);
+    }
     tracing::info!(
         key = args.lease_key,
         epoch = lease.epoch(),

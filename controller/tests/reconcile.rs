@@ -37,7 +37,11 @@ async fn a_one_shot_run_is_dispatched_once_and_released_on_success() {
         lease.is_held_by(&holder),
         "the Secret keeps the lease's holder"
     );
-    assert!(holder.len() >= 32, "a CSPRNG holder");
+    assert_eq!(
+        holder,
+        h.derived_holder("once", "once-once", 1).await,
+        "the holder derived from the run and the epoch under the holder key"
+    );
     let secret = h.secrets().get("once-once-1-holder").await.unwrap();
     let owner = &secret.owner_references()[0];
     assert_eq!(
@@ -874,7 +878,7 @@ async fn an_oversized_document_stops_only_its_own_job() {
 
 /// A pod the API server refuses (here an invalid container name, which the CRD's schema lets
 /// through) fails its attempt with reason `PodRejected` and the API server's message, instead
-/// of being tried again forever; each refused attempt's holder Secret is deleted.
+/// of being tried again forever; no holder Secret is ever made for a refused pod.
 #[tokio::test]
 async fn a_refused_pod_fails_its_attempt_with_the_api_reason() {
     let h = Harness::new("it-refused").await;
@@ -943,6 +947,43 @@ async fn an_index_with_a_forged_run_id_is_refused() {
         h.db.store().get(&key).await.unwrap().unwrap(),
         before,
         "left untouched"
+    );
+    h.cleanup().await;
+}
+
+/// A pod removed before its workload started (its API object gone) is created again at the
+/// same epoch, with a new UID, and its holder Secret again, owned by the new pod: the holder is
+/// derived, so nothing is lost, and no epoch is spent.
+#[tokio::test]
+async fn a_pod_removed_before_it_started_is_created_again_at_the_same_epoch() {
+    let h = Harness::new("it-recreate").await;
+    h.create_job("again", json!({})).await;
+    h.settle("again", 2).await;
+    let first = h.pods().get("again-once-1").await.unwrap();
+    h.delete_pod_now("again-once-1").await;
+    let mut second = None;
+    for _ in 0..50 {
+        h.settle("again", 1).await;
+        if let Some(pod) = h.pods().get_opt("again-once-1").await.unwrap()
+            && pod.uid() != first.uid()
+            && let Some(secret) = h.secrets().get_opt("again-once-1-holder").await.unwrap()
+            && secret
+                .owner_references()
+                .iter()
+                .any(|o| Some(&o.uid) == pod.uid().as_ref())
+        {
+            second = Some(pod);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(second.is_some(), "the pod and its Secret are created again");
+    let lease = h.lease("again", "again-once").await.unwrap();
+    assert_eq!(lease.epoch, 1, "no epoch spent");
+    assert!(lease.is_held_by(&h.derived_holder("again", "again-once", 1).await));
+    assert_eq!(
+        h.secret_holder("again-once-1").await.as_deref(),
+        Some(h.derived_holder("again", "again-once", 1).await.as_str())
     );
     h.cleanup().await;
 }

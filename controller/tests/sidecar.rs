@@ -30,6 +30,11 @@ fn spawn(r: &Rig, key: &str, holder: &str) -> Child {
 }
 
 fn spawn_epoch(r: &Rig, key: &str, holder: &str, epoch: u64) -> Child {
+    spawn_pod(r, key, holder, epoch, "uid-a", r.shared.path())
+}
+
+/// The sidecar of the pod with `uid`, showing its files in `shared`.
+fn spawn_pod(r: &Rig, key: &str, holder: &str, epoch: u64, uid: &str, shared: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_cojob"))
         .arg("sidecar")
         .env(
@@ -40,7 +45,8 @@ fn spawn_epoch(r: &Rig, key: &str, holder: &str, epoch: u64) -> Child {
         .env("COJOB_EPOCH", epoch.to_string())
         .env("COJOB_HOLDER", holder)
         .env("COJOB_LEASE_TTL_SECONDS", TTL.as_secs().to_string())
-        .env("COJOB_SHARED_DIR", r.shared.path())
+        .env("COJOB_SHARED_DIR", shared)
+        .env("POD_UID", uid)
         .env("POD_NAME", "run-1-1")
         .env("NODE_NAME", "node-a")
         .spawn()
@@ -241,6 +247,59 @@ async fn attaches_only_to_its_own_epoch() {
     .await;
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A pod created again for the same epoch (after the first one's API object was removed while
+/// its containers still ran) never starts its workload: the first pod's UID is recorded, and
+/// the first sidecar keeps the lease. A restart of the first pod's own sidecar attaches again.
+#[tokio::test]
+async fn a_second_pod_of_the_same_epoch_does_not_start() {
+    let r = rig().await;
+    let holder = cojob::new_holder();
+    let key = "runs/r5/lease";
+    r.db.lease(key, LeaseOptions::new(holder.clone(), TTL))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut first = spawn_pod(&r, key, &holder, 1, "uid-a", r.shared.path());
+    until("running", Duration::from_secs(10), async || {
+        lease_doc(&r.db, key).await["state"]["pod_uid"] == "uid-a"
+    })
+    .await;
+    let other = tempfile::tempdir().unwrap();
+    let mut second = spawn_pod(&r, key, &holder, 1, "uid-b", other.path());
+    assert_eq!(
+        wait_exit(&mut second, Duration::from_secs(10)),
+        cojob_controller::sidecar::EXIT_NOT_ATTACHED,
+        "the second pod of epoch 1 refuses to start"
+    );
+    assert!(other.path().join("lease_lost").exists());
+    assert!(!cojob_controller::sidecar::ready(other.path()));
+    // The first sidecar still holds the lease a whole ttl later (its renewals went on).
+    tokio::time::sleep(TTL + Duration::from_secs(1)).await;
+    assert!(
+        first.try_wait().unwrap().is_none(),
+        "the first sidecar runs"
+    );
+    assert!(!r.shared.path().join("lease_lost").exists());
+    let doc = lease_doc(&r.db, key).await;
+    assert_eq!(doc["state"]["pod_uid"], "uid-a");
+    assert!(
+        doc["deadline_at"].as_str().unwrap()
+            > cojob::json::format_time(chrono::Utc::now()).as_str(),
+        "renewed: {doc}"
+    );
+    // The first pod's sidecar, restarted, attaches again.
+    let _ = first.kill();
+    let _ = first.wait();
+    let mut again = spawn_pod(&r, key, &holder, 1, "uid-a", r.shared.path());
+    until("attached again", Duration::from_secs(10), async || {
+        cojob_controller::sidecar::ready(r.shared.path())
+    })
+    .await;
+    assert!(again.try_wait().unwrap().is_none());
+    let _ = again.kill();
+    let _ = again.wait();
 }
 
 /// A restarted sidecar removes the previous run's `attached` file, so the workload's startup

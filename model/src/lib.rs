@@ -58,8 +58,8 @@
 //!   models a frozen sidecar or a partition.
 //! - The start timeout may fire at any time once the pod exists (its duration is not
 //!   modelled, so every order of timeout and start is explored).
-//! - Holder Secrets always exist, so `Complete` records with the attempt's own holder (its
-//!   takeover of an expired lease when the holder is lost is not modelled), and the cancel's
+//! - Holders are derived from the run and the epoch, so `Complete` records with the attempt's
+//!   own holder (its takeover of a lease held by another holder is not modelled), and the cancel's
 //!   attach does not check the deadline (that check only defers the cancel to its takeover
 //!   branch, which is modelled).
 //! - Not modelled: several runs, informer staleness.
@@ -451,8 +451,11 @@ impl Pod {
     }
 }
 
-/// The pod of one epoch, if any. There is at most one per epoch: it is created only while
-/// the epoch's Secret has not been handed to a pod.
+/// The pod of one epoch, if any. There is at most one API object per epoch at a time: it is
+/// created (again) only while none exists and the attempt never started. (The sidecar records
+/// its pod's UID when the workload starts and refuses to start if another pod's is recorded,
+/// which keeps this true even for a pod object removed while its containers still ran, a case
+/// outside the model.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum PodSlot {
     /// Never created.
@@ -916,8 +919,11 @@ impl RunModel {
             return false;
         };
         l.holder == Some(l.epoch)
-            && l.state.status == Status::Pending
-            && state.slot(l.epoch) == Some(&PodSlot::NotCreated)
+            && l.state.never_started()
+            && matches!(
+                state.slot(l.epoch),
+                Some(PodSlot::NotCreated | PodSlot::Gone)
+            )
             && !self.success_preempts(state)
             && (!self.rules.wait_for_quiescent_predecessors
                 || (1..l.epoch).all(|e| state.slot(e).is_some_and(PodSlot::is_quiescent)))

@@ -78,3 +78,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The Secret that keeps the holder key (key "key"). */}}
+{{- define "cojob.holderKeySecretName" -}}
+{{- default (printf "%s-holder-key" (include "cojob.fullname" .) | trunc 63 | trimSuffix "-") .Values.holderKey.existingSecret }}
+{{- end }}

@@ -101,14 +101,14 @@ pub async fn cancel_run(
         pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
         return Ok(false);
     }
-    let Some(holder) =
-        holder::read_holder(scope, &holder::secret_name(&run.run_id, lease.epoch)).await?
+    let holder = holder::holder(scope, &run.run_id, lease.epoch);
+    let Some(mut handle) = db
+        .resume_lease(&key, &holder, lease.epoch, scope.ttl())
+        .await?
     else {
-        // No holder: stop the pods; the lease expires and the sweeper records the cancel.
+        // Not this controller's holder (taken over meanwhile, or a holder key that changed):
+        // stop the pods; the lease expires and the sweeper records the cancel.
         pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
-        return Ok(false);
-    };
-    let Some(mut handle) = db.attach_lease(&key, &holder, scope.ttl()).await? else {
         return Ok(false);
     };
     // Computed on the freshest state: a completion that won the race is not overwritten, and a

@@ -41,8 +41,8 @@ pub enum Unstarted {
     /// Its pod did not start the workload within `startTimeoutSeconds` (reason
     /// `StartTimeout`); the pod is stopped.
     TimedOut,
-    /// The API server refused its pod (reason `PodRejected`); the holder Secret no pod will
-    /// ever take is deleted.
+    /// The API server refused its pod (reason `PodRejected`); its holder Secret, created only
+    /// after the pod, never existed.
     Rejected,
 }
 
@@ -65,29 +65,18 @@ pub async fn fail_unstarted(
     let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
         return Ok(active(Some(lease), None));
     };
-    match why {
-        Unstarted::TimedOut => {
-            let pod = crate::pod::pod_name(&run.run_id, lease.epoch);
-            tracing::info!(job = %scope.name, run = %run.run_id, %pod, "the attempt's pod did not start in time");
-            super::pods::delete_pod(scope, &pod, super::pods::Stop::Fence).await?;
-        }
-        Unstarted::Rejected => {
-            let secret = holder::secret_name(&run.run_id, lease.epoch);
-            if let Err(e) = scope
-                .secrets
-                .delete(&secret, &kube::api::DeleteParams::default())
-                .await
-            {
-                tracing::debug!(job = %scope.name, %secret, error = %e, "could not delete the unused holder Secret");
-            }
-        }
+    if why == Unstarted::TimedOut {
+        let pod = crate::pod::pod_name(&run.run_id, lease.epoch);
+        tracing::info!(job = %scope.name, run = %run.run_id, %pod, "the attempt's pod did not start in time");
+        super::pods::delete_pod(scope, &pod, super::pods::Stop::Fence).await?;
     }
     after_record(scope, run, lease, state, phase, pods, said).await
 }
 
 /// Writes the transition's state and releases the lease, holding it with the attempt's
-/// Secret, or, when that holder is gone and the lease expired or was released, by taking it
-/// over guarded by the attempt's `dispatch` marker (so a newer attempt is never overwritten).
+/// holder, or, when the lease is not held by that holder (taken over for a result already, or
+/// written under another holder key) and expired or was released, by taking it over guarded by
+/// the attempt's `dispatch` marker (so a newer attempt is never overwritten).
 /// `None`: someone else recorded the attempt first, or the transition refused.
 async fn record(
     scope: &JobScope<'_>,
@@ -97,15 +86,15 @@ async fn record(
 ) -> Result<Option<(Value, RunPhase)>, SweepError> {
     let db = &scope.cx.db;
     let key = scope.keys.lease(&run.run_id);
-    let holder = holder::read_holder(scope, &holder::secret_name(&run.run_id, lease.epoch)).await?;
+    let holder = holder::holder(scope, &run.run_id, lease.epoch);
     // With the attempt's own holder the result is recorded at the attempt's epoch, even past
     // the deadline: the compare-and-swap fails if anyone took the lease meanwhile.
-    let attached = match &holder {
-        Some(h) => match db.attach_lease_from(&key, lease, h, scope.ttl())? {
-            Some(handle) => Some(handle),
-            None => db.resume_lease(&key, h, lease.epoch, scope.ttl()).await?,
-        },
-        None => None,
+    let attached = match db.attach_lease_from(&key, lease, &holder, scope.ttl())? {
+        Some(handle) => Some(handle),
+        None => {
+            db.resume_lease(&key, &holder, lease.epoch, scope.ttl())
+                .await?
+        }
     };
     let took_over = attached.is_none();
     let mut handle = match attached {

@@ -3,7 +3,7 @@
 
 use cojob::{Error as StoreError, LeaseInfo, LeaseOptions};
 use kube::ResourceExt;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::PostParams;
 
 use super::{RunPods, RunReport, SweepError, active, complete, finished, foreign, holder, now_str};
 use crate::announce::Announcements;
@@ -15,9 +15,9 @@ use crate::run::{self, Acquire, Refusal, RunState};
 /// Acquires a new epoch for `run` and spawns its pod once every older pod is quiescent. `prev`
 /// is the lease as last read.
 ///
-/// The holder Secret is created first and named after the epoch this dispatch expects; the
-/// acquisition's `dispatch` marker makes a second controller doing the same attach instead of
-/// taking another epoch.
+/// The holder is derived from the run and the epoch this dispatch expects
+/// ([`holder::holder`]); the acquisition's `dispatch` marker makes a second controller doing
+/// the same attach instead of taking another epoch.
 pub async fn dispatch(
     scope: &JobScope<'_>,
     run: &ActiveRun,
@@ -28,15 +28,11 @@ pub async fn dispatch(
     let db = &scope.cx.db;
     let key = scope.keys.lease(&run.run_id);
     let expected = prev.map_or(1, |l| l.epoch.saturating_add(1));
-    let secret = holder::secret_name(&run.run_id, expected);
-    let Some(holder) = holder::ensure(scope, run, &secret, expected, cojob::new_holder()).await?
-    else {
-        return Ok(active(prev, None));
-    };
+    let holder = holder::holder(scope, &run.run_id, expected);
     let acquire = Acquire {
         run_id: run.run_id.clone(),
         fire_time: run.fire_time.clone(),
-        dispatch: secret.clone(),
+        dispatch: holder::secret_name(&run.run_id, expected),
         max_attempts: scope.max_attempts(),
         now: now_str(scope),
     };
@@ -81,10 +77,6 @@ pub async fn dispatch(
     if state.status.is_terminal() {
         // Out of attempts, or cancelled: recorded by this acquisition; release at once.
         lease.release(None).await?;
-        let _ = scope
-            .secrets
-            .delete(&secret, &DeleteParams::default())
-            .await;
         complete::announce_end(said, run, &state, epoch);
         let info = LeaseInfo {
             epoch,
@@ -96,26 +88,13 @@ pub async fn dispatch(
         return Ok(finished(run, Some(&info), &state));
     }
     if epoch != expected {
-        // The lease moved between our read and our write; name the Secret after the epoch won.
-        let kept = holder::ensure(
-            scope,
-            run,
-            &holder::secret_name(&run.run_id, epoch),
-            epoch,
-            holder.clone(),
-        )
-        .await?;
-        if kept.as_deref() != Some(holder.as_str()) {
-            // Another dispatch named a Secret after this epoch first: its holder is not the
-            // lease's, so a pod using it could never attach. Let the lease expire instead.
-            tracing::warn!(job = %scope.name, run = %run.run_id, epoch, "the Secret of this epoch holds another holder; not spawning");
-            return Ok(RunReport::Active {
-                epoch,
-                attempt: state.attempt,
-                pod: None,
-                phase: state.status,
-            });
-        }
+        // The lease moved between our read and our write (a rare race of three controller
+        // passes): the holder written is the one of another epoch, which no sidecar could
+        // attach with. Release it unchanged; the next pass dispatches again.
+        tracing::info!(job = %scope.name, run = %run.run_id, epoch, expected, "the lease moved during the dispatch; released");
+        lease.release(None).await?;
+        let now = db.inspect_lease(&key).await?;
+        return Ok(active(now.as_ref(), None));
     }
     let blocking: Vec<String> = pods
         .range(..epoch)
@@ -174,7 +153,7 @@ pub async fn dispatch(
     })
 }
 
-/// Creates the pod of `(run, epoch)` (idempotent) and hands the holder Secret to it. Returns
+/// Creates the pod of `(run, epoch)` (idempotent), then its holder Secret, owned by it. Returns
 /// the pod's name, or `None` while a pod of the same name from an older object still exists.
 pub async fn spawn(
     scope: &JobScope<'_>,
@@ -223,6 +202,6 @@ pub async fn spawn(
         tracing::info!(job = %scope.name, pod = %name, "a pod of an older object with this name still exists; waiting for it to go");
         return Ok(None);
     }
-    holder::adopt(scope, &identity.secret_name(), &created).await?;
+    holder::hand_to(scope, &run.run_id, epoch, &created).await?;
     Ok(Some(name))
 }

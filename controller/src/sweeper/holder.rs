@@ -1,68 +1,101 @@
-//! Holder Secrets: each attempt's lease holder lives in the Secret `<run>-<epoch>-holder`,
-//! created before the lease is acquired (so a crash never loses a holder), owned by the job
-//! until the attempt's pod exists, then by the pod.
+//! Holders: each attempt's lease holder is *derived*, never stored where the controller has to
+//! read it back.
+//!
+//! The holder of `(lease key, epoch)` is an HMAC-SHA256 of the two under the controller's
+//! holder key ([`HolderKey`], from `COJOB_HOLDER_KEY`). Every replica derives the same holder,
+//! so the controller needs no read access to Secrets at all: the only Secret right it holds is
+//! `create`.
+//!
+//! The holder reaches the attempt's sidecar through the Secret `<run>-<epoch>-holder`, created
+//! right after the pod and owned by it, so it goes with the pod. A pod that starts before its
+//! Secret exists waits for it (the kubelet retries), and every pass re-creates it while the
+//! pod is pending (a crash between the two writes converges).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 
 use super::SweepError;
 use crate::context::JobScope;
-use crate::index::ActiveRun;
 use crate::pod::{HOLDER_KEY, LABEL_EPOCH, LABEL_JOB, LABEL_RUN};
-
-/// The annotation on holder Secrets naming the UID of the job they belong to.
-pub const ANNOTATION_JOB_UID: &str = "cojob.dev/job-uid";
 
 pub use crate::pod::holder_secret_name as secret_name;
 
-/// The holder a run's Secret keeps.
-pub fn holder_of(secret: &Secret) -> Result<String, SweepError> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(HOLDER_KEY))
-        .and_then(|b| String::from_utf8(b.0.clone()).ok())
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| SweepError::BadSecret(secret.name_any()))
-}
+/// The fewest bytes a holder key may have.
+pub const MIN_KEY_BYTES: usize = 32;
 
-/// The holder kept in a run's Secret, if the Secret exists.
-pub async fn read_holder(scope: &JobScope<'_>, name: &str) -> Result<Option<String>, SweepError> {
-    match scope.secrets.get_opt(name).await? {
-        Some(secret) => holder_of(&secret).map(Some),
-        None => Ok(None),
+/// The key holders are derived under. Its value is never printed.
+///
+/// ```
+/// use cojob_controller::sweeper::holder::HolderKey;
+/// let key = HolderKey::new(&[7u8; 32]).unwrap();
+/// let h = key.holder("v1/jobs/ns/job/uid/runs/r/lease", 2);
+/// assert_eq!(h, key.holder("v1/jobs/ns/job/uid/runs/r/lease", 2));
+/// assert_ne!(h, key.holder("v1/jobs/ns/job/uid/runs/r/lease", 3));
+/// assert!(HolderKey::new(b"short").is_err());
+/// ```
+#[derive(Clone)]
+pub struct HolderKey(ring::hmac::Key);
+
+/// A holder key shorter than [`MIN_KEY_BYTES`].
+#[derive(Debug, thiserror::Error)]
+#[error("the holder key has {0} bytes; it needs at least {MIN_KEY_BYTES} random bytes")]
+pub struct WeakKey(pub usize);
+
+impl HolderKey {
+    /// A key from at least [`MIN_KEY_BYTES`] bytes of secret material.
+    pub fn new(secret: &[u8]) -> Result<HolderKey, WeakKey> {
+        if secret.len() < MIN_KEY_BYTES {
+            return Err(WeakKey(secret.len()));
+        }
+        Ok(HolderKey(ring::hmac::Key::new(
+            ring::hmac::HMAC_SHA256,
+            secret,
+        )))
+    }
+
+    /// The holder of the attempt at `epoch` of the run whose lease is `lease_key`: 64 hex
+    /// digits, unguessable without the key, different for every run and epoch.
+    pub fn holder(&self, lease_key: &str, epoch: u64) -> String {
+        let message = format!("cojob holder v1\n{lease_key}\n{epoch}");
+        let tag = ring::hmac::sign(&self.0, message.as_bytes());
+        tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
     }
 }
 
-/// The Secret, when it exists and was never handed to a pod: the attempt's pod was never
-/// created (a crash came between acquiring and creating, or it waits for an older pod).
-pub async fn never_handed_to_a_pod(
-    scope: &JobScope<'_>,
-    name: &str,
-) -> Result<Option<Secret>, SweepError> {
-    Ok(scope
-        .secrets
-        .get_opt(name)
-        .await?
-        .filter(|s| !s.owner_references().iter().any(|o| o.kind == "Pod")))
+impl fmt::Debug for HolderKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HolderKey(<redacted>)")
+    }
 }
 
-/// Creates the holder Secret of a dispatch (owned by the job until its pod exists) or, when a
-/// crashed dispatch of the same attempt already made it, returns the holder it keeps. `None`
-/// while a Secret of an older object with the same name waits for the garbage collector.
-pub async fn ensure(
+/// The holder of `run_id`'s attempt at `epoch`.
+pub fn holder(scope: &JobScope<'_>, run_id: &str, epoch: u64) -> String {
+    scope
+        .cx
+        .settings
+        .holder_key
+        .holder(&scope.keys.lease(run_id), epoch)
+}
+
+/// Creates the holder Secret of `pod`, the attempt's pod at `epoch`, owned by the pod. An
+/// existing Secret of that name is left as it is: the same holder, written by an earlier pass,
+/// or one of an older pod that the garbage collector is about to remove (the next pass
+/// creates it again).
+pub async fn hand_to(
     scope: &JobScope<'_>,
-    run: &ActiveRun,
-    name: &str,
+    run_id: &str,
     epoch: u64,
-    holder: String,
-) -> Result<Option<String>, SweepError> {
+    pod: &Pod,
+) -> Result<(), SweepError> {
+    let Some(uid) = pod.uid() else {
+        return Ok(());
+    };
     let mut data: BTreeMap<String, ByteString> = scope
         .cx
         .settings
@@ -70,21 +103,27 @@ pub async fn ensure(
         .iter()
         .map(|(k, v)| (k.clone(), ByteString(v.clone().into_bytes())))
         .collect();
-    data.insert(HOLDER_KEY.into(), ByteString(holder.clone().into_bytes()));
+    data.insert(
+        HOLDER_KEY.into(),
+        ByteString(holder(scope, run_id, epoch).into_bytes()),
+    );
     let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(name.into()),
+            name: Some(secret_name(run_id, epoch)),
             namespace: Some(scope.namespace.clone()),
             labels: Some(BTreeMap::from([
                 (LABEL_JOB.into(), scope.name.clone()),
-                (LABEL_RUN.into(), run.run_id.clone()),
+                (LABEL_RUN.into(), run_id.into()),
                 (LABEL_EPOCH.into(), epoch.to_string()),
             ])),
-            annotations: Some(BTreeMap::from([(
-                ANNOTATION_JOB_UID.into(),
-                scope.uid.clone(),
-            )])),
-            owner_references: Some(vec![scope.owner()]),
+            owner_references: Some(vec![OwnerReference {
+                api_version: Pod::api_version(&()).into_owned(),
+                kind: Pod::kind(&()).into_owned(),
+                name: pod.name_any(),
+                uid,
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
             ..ObjectMeta::default()
         },
         data: Some(data),
@@ -93,53 +132,8 @@ pub async fn ensure(
         ..Secret::default()
     };
     match scope.secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(Some(holder)),
-        Err(kube::Error::Api(s)) if s.code == 409 => {
-            let Some(existing) = scope.secrets.get_opt(name).await? else {
-                return Ok(None); // deleted meanwhile: try again next pass
-            };
-            if existing.annotations().get(ANNOTATION_JOB_UID) != Some(&scope.uid) {
-                // A Secret of an older object with the same name (deleted and created again)
-                // is still there; wait for the garbage collector.
-                tracing::info!(job = %scope.name, secret = name, "a Secret of another object has this name; waiting for it to go");
-                return Ok(None);
-            }
-            holder_of(&existing).map(Some)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Makes the pod the owner of its holder Secret, so the Secret goes with the pod. One read when
-/// it already is. Returns the Secret as read (`None` when absent).
-pub async fn adopt(
-    scope: &JobScope<'_>,
-    secret: &str,
-    pod: &Pod,
-) -> Result<Option<Secret>, SweepError> {
-    let found = scope.secrets.get_opt(secret).await?;
-    let (Some(uid), Some(current)) = (pod.uid(), &found) else {
-        return Ok(found);
-    };
-    if current.owner_references().iter().any(|o| o.uid == uid) {
-        return Ok(found);
-    }
-    let owner = OwnerReference {
-        api_version: Pod::api_version(&()).into_owned(),
-        kind: Pod::kind(&()).into_owned(),
-        name: pod.name_any(),
-        uid,
-        controller: None,
-        block_owner_deletion: None,
-    };
-    let patch = json!({"metadata": {"ownerReferences": [owner]}});
-    match scope
-        .secrets
-        .patch(secret, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(patched) => Ok(Some(patched)),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
     }
 }

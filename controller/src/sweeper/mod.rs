@@ -4,9 +4,9 @@
 //! `--sweep-interval`. It reads the run's lease (one GET, never a listing), looks at the run's
 //! pods, picks the next step with [`run::decide`] and carries it out:
 //!
-//! - **dispatch** ([`dispatch`]): mint a holder, keep it in a Secret ([`holder`]), acquire a new
-//!   epoch with the [`run::acquire`] transition, and create the pod `<runId>-<epoch>` once no
-//!   pod of an older attempt can still run (G3);
+//! - **dispatch** ([`dispatch`]): derive the epoch's holder ([`holder`]), acquire a new epoch
+//!   with the [`run::acquire`] transition, and create the pod `<runId>-<epoch>`, then its holder
+//!   Secret, once no pod of an older attempt can still run (G3);
 //! - **complete** ([`complete`]): a pod ended, so record its outcome in the lease and release;
 //!   a success of any epoch ends the run (G2); a failure with attempts left is dispatched again;
 //! - **steal**: the lease is past its deadline plus the clock-skew allowance (pod deleted, node
@@ -19,9 +19,11 @@
 //! longer matters), so a pod deleted after it succeeded still shows how it ended.
 //!
 //! Each step is idempotent and ordered so that a crash between any two steps converges (I5):
-//! the Secret is created before the lease is acquired, so a holder is never lost, and the
-//! acquisition's `dispatch` marker makes a second acquisition for the same dispatch attach
-//! instead of taking another epoch.
+//! holders are derived, so a holder is never lost; the acquisition's `dispatch` marker makes a
+//! second acquisition for the same dispatch attach instead of taking another epoch; a pod
+//! missing after a crash is created again (its sidecar records the pod's UID when it starts,
+//! so at most one pod ever starts per epoch); a pod's holder Secret is created again while the
+//! pod is pending.
 
 pub mod cancel;
 pub mod complete;
@@ -32,11 +34,10 @@ pub mod pods;
 use std::collections::BTreeMap;
 
 use cojob::{Error as StoreError, LeaseInfo};
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 pub use cancel::cancel_run;
-pub use holder::ANNOTATION_JOB_UID;
 pub use pods::{Stop, delete_pod, pod_view};
 
 use crate::announce::Announcements;
@@ -62,9 +63,6 @@ pub enum SweepError {
         /// What is wrong.
         refusal: Refusal,
     },
-    /// A holder Secret exists but holds no usable holder; it is left untouched.
-    #[error("secret {0} holds no holder")]
-    BadSecret(String),
     /// The API server refused to create a run's pod (400, 403, 404 or 422): the template,
     /// PodSecurity or a quota is at fault, not the controller.
     #[error("pod {pod} refused by the API server ({code}): {message}")]
@@ -129,35 +127,34 @@ fn foreign(run_id: &str, refusal: Refusal) -> SweepError {
     }
 }
 
-/// What the sweeper sees of a run's pods, for [`run::decide`], with the holder Secret of an
-/// attempt whose pod was never created (read to find that out, and needed to keep its lease).
+/// What the sweeper sees of a run's pods, for [`run::decide`]. When the current attempt's pod
+/// is not in the listing, one fresh read by name confirms that it does not exist (a listing
+/// taken just before another controller created it would otherwise look the same).
 async fn observe(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: Option<&LeaseInfo>,
     pods: &RunPods,
-) -> Result<(Observed, Option<Secret>), SweepError> {
+) -> Result<Observed, SweepError> {
     let current = pod_view(lease.and_then(|l| pods.get(&l.epoch)));
     let succeeded = pods
         .values()
         .find_map(|p| pod_view(Some(p)).succeeded().cloned());
     let predecessors_quiescent = lease.is_none_or(|l| pods::predecessors_quiescent(pods, l.epoch));
-    // A missing pod is created again only when its Secret was never handed to a pod: then a
-    // crash came between acquiring and creating, or the pod waits for an older one to stop. A
-    // Secret owned by a pod means the pod existed and was deleted; its lease must expire first.
-    let unspawned = match (lease, &current) {
-        (Some(l), run::PodView::Absent) if !l.is_released() && !pods.contains_key(&l.epoch) => {
-            holder::never_handed_to_a_pod(scope, &holder::secret_name(&run.run_id, l.epoch)).await?
-        }
-        _ => None,
+    let pod_missing = match lease {
+        Some(l) if !l.is_released() && !pods.contains_key(&l.epoch) => scope
+            .pods
+            .get_opt(&crate::pod::pod_name(&run.run_id, l.epoch))
+            .await?
+            .is_none(),
+        _ => false,
     };
-    let seen = Observed {
+    Ok(Observed {
         current,
         succeeded,
         predecessors_quiescent,
-        never_spawned: unspawned.is_some(),
-    };
-    Ok((seen, unspawned))
+        pod_missing,
+    })
 }
 
 /// Drives one active run a step forward; what to tell the user goes to `said`.
@@ -172,7 +169,7 @@ pub async fn sync_run(
     if let Some(l) = &lease {
         pods::fence(scope, run, pods, l.epoch).await?;
     }
-    let (seen, unspawned) = observe(scope, run, lease.as_ref(), pods).await?;
+    let seen = observe(scope, run, lease.as_ref(), pods).await?;
     let step =
         run::decide(lease.as_ref(), &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))?;
     tracing::debug!(job = %scope.name, run = %run.run_id, ?step, "sweep");
@@ -189,14 +186,7 @@ pub async fn sync_run(
             finished(run, lease.as_ref(), &state)
         }
         (Step::Wait, Some(l)) => {
-            let secret = match current {
-                // A crash may have come between creating the pod and handing it its Secret.
-                Some(pod) => {
-                    holder::adopt(scope, &holder::secret_name(&run.run_id, l.epoch), pod).await?
-                }
-                None => unspawned,
-            };
-            keep_pending_alive(scope, run, l, current, secret.as_ref()).await?;
+            keep_pending_alive(scope, run, l, current).await?;
             active(lease.as_ref(), current)
         }
         (Step::CreatePod, Some(l)) => {
@@ -300,18 +290,22 @@ async fn keep_pending_alive(
     run: &ActiveRun,
     lease: &LeaseInfo,
     pod: Option<&Pod>,
-    secret: Option<&Secret>,
 ) -> Result<(), SweepError> {
     let waiting = match pod {
         Some(pod) => {
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             matches!(phase, None | Some("Pending")) && pod.metadata.deletion_timestamp.is_none()
         }
-        None => true, // only reached with a Secret when the pod was never created
+        None => true, // not created yet: an older pod is still stopping
     };
     let pending = waiting
         && !lease.is_released()
         && RunState::parse(&lease.state).is_ok_and(|s| s.never_started());
+    if pending && let Some(pod) = pod {
+        // A crash may have come between creating the pod and its Secret, or the Secret of an
+        // older pod of the same name was still there.
+        holder::hand_to(scope, &run.run_id, lease.epoch, pod).await?;
+    }
     let ttl = scope.ttl();
     let left = (lease.deadline - scope.cx.db.clock().now())
         .to_std()
@@ -319,10 +313,7 @@ async fn keep_pending_alive(
     if !pending || left > ttl * 2 / 3 {
         return Ok(());
     }
-    let Some(secret) = secret else {
-        return Ok(());
-    };
-    let holder = holder::holder_of(secret)?;
+    let holder = holder::holder(scope, &run.run_id, lease.epoch);
     let key = scope.keys.lease(&run.run_id);
     if let Some(mut handle) = scope.cx.db.attach_lease_from(&key, lease, &holder, ttl)? {
         match handle.renew().await {

@@ -221,6 +221,7 @@ impl Harness {
                 sweep_interval: Duration::from_secs(1),
                 clock_skew_allowance: Duration::from_secs(5),
                 sidecar_credentials_secret: None,
+                holder_key: test_holder_key(),
             },
         })
     }
@@ -442,6 +443,13 @@ impl Harness {
             .collect()
     }
 
+    /// The holder the controller derives for `(run, epoch)` of `job`.
+    pub async fn derived_holder(&self, job: &str, run: &str, epoch: u64) -> String {
+        let job = self.jobs().get(job).await.unwrap();
+        let keys = JobKeys::new(&self.ns, &job.name_any(), &job.uid().unwrap());
+        test_holder_key().holder(&keys.lease(run), epoch)
+    }
+
     /// The holder kept in a pod's Secret.
     pub async fn secret_holder(&self, pod: &str) -> Option<String> {
         let secret = self
@@ -519,4 +527,10 @@ fn merge(base: &mut Value, patch: Value) {
         }
         (b, p) => *b = p,
     }
+}
+
+/// The holder key of every controller in these tests (all replicas share one).
+pub fn test_holder_key() -> cojob_controller::sweeper::holder::HolderKey {
+    cojob_controller::sweeper::holder::HolderKey::new(b"integration-tests-holder-key-0123456789")
+        .unwrap()
 }
