@@ -50,9 +50,18 @@ pub struct ControllerArgs {
     #[arg(long, env = "COJOB_CLOCK_SKEW_ALLOWANCE", default_value = "5s", value_parser = humantime::parse_duration)]
     pub clock_skew_allowance: Duration,
     /// Comma-separated prefixes of environment variables copied into each run's Secret for its
-    /// sidecar (store credentials and endpoints). Empty to copy none.
+    /// sidecar (the store's endpoint and region). A name that looks secret (it contains KEY,
+    /// SECRET, TOKEN, PASSWORD, CREDENTIAL, SAS or CONNECTION_STRING) is withheld unless
+    /// `--forward-secret-env` lists it. Empty to copy none.
     #[arg(long, env = "COJOB_FORWARD_ENV", default_value = "AWS_,AZURE_,GOOGLE_")]
     pub forward_env: String,
+    /// Comma-separated names of secret-looking variables to forward anyway (for example
+    /// `AWS_ACCESS_KEY_ID,AWS_SECRET_ACCESS_KEY`). Whoever may create pods in a job's
+    /// namespace can read them from the run's Secret, so use it only when one tenant owns
+    /// every watched namespace; otherwise give each namespace its own scoped credentials with
+    /// `--sidecar-credentials-secret`.
+    #[arg(long, env = "COJOB_FORWARD_SECRET_ENV", default_value = "")]
+    pub forward_secret_env: String,
     /// The name of a Secret that each run's namespace provides with the sidecar's store
     /// credentials (scoped to that namespace's jobs). Use it with `--forward-env ""` so the
     /// controller's own credentials never leave its namespace.
@@ -72,25 +81,78 @@ pub struct ControllerArgs {
     pub instance: Option<String>,
 }
 
-/// The variables of `env` whose names start with one of the comma-separated `prefixes`.
+/// Parts of a variable's name that mark it as a secret, which is never forwarded by default.
+pub const SECRET_NAME_PARTS: [&str; 7] = [
+    "KEY",
+    "SECRET",
+    "TOKEN",
+    "PASSWORD",
+    "CREDENTIAL",
+    "SAS",
+    "CONNECTION_STRING",
+];
+
+/// True when `name` looks like it holds a secret.
 ///
 /// ```
-/// let env = [("AWS_REGION".to_string(), "eu".to_string()), ("HOME".to_string(), "/".to_string())];
-/// let kept = cojob_controller::cli::forwarded_env("AWS_, AZURE_", env);
-/// assert_eq!(kept.keys().collect::<Vec<_>>(), ["AWS_REGION"]);
+/// use cojob_controller::cli::looks_secret;
+/// assert!(looks_secret("AWS_SECRET_ACCESS_KEY") && looks_secret("AWS_ACCESS_KEY_ID"));
+/// assert!(looks_secret("AZURE_STORAGE_SAS_TOKEN") && looks_secret("aws_session_token"));
+/// assert!(!looks_secret("AWS_REGION") && !looks_secret("AWS_ENDPOINT_URL"));
+/// ```
+pub fn looks_secret(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    SECRET_NAME_PARTS.iter().any(|part| upper.contains(part))
+}
+
+/// Environment to forward to sidecars, and the names withheld because they look secret.
+#[derive(Debug, Default, PartialEq)]
+pub struct Forwarded {
+    /// Forwarded, by name.
+    pub env: BTreeMap<String, String>,
+    /// Matched a prefix but look secret and were not allowed ([`looks_secret`]).
+    pub withheld: Vec<String>,
+}
+
+/// The variables of `env` whose names start with one of the comma-separated `prefixes`,
+/// except those that look secret ([`looks_secret`]) and are not named in the comma-separated
+/// `allowed_secrets`.
+///
+/// ```
+/// let env = [("AWS_REGION", "eu"), ("AWS_SECRET_ACCESS_KEY", "s"), ("HOME", "/")]
+///     .map(|(k, v)| (k.to_string(), v.to_string()));
+/// let kept = cojob_controller::cli::forwarded_env("AWS_, AZURE_", "", env.clone());
+/// assert_eq!(kept.env.keys().collect::<Vec<_>>(), ["AWS_REGION"]);
+/// assert_eq!(kept.withheld, ["AWS_SECRET_ACCESS_KEY"]);
+/// let all = cojob_controller::cli::forwarded_env("AWS_", "AWS_SECRET_ACCESS_KEY", env);
+/// assert_eq!(all.env.len(), 2);
 /// ```
 pub fn forwarded_env(
     prefixes: &str,
+    allowed_secrets: &str,
     env: impl IntoIterator<Item = (String, String)>,
-) -> BTreeMap<String, String> {
-    let prefixes: Vec<&str> = prefixes
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
-    env.into_iter()
-        .filter(|(k, _)| prefixes.iter().any(|p| k.starts_with(p)))
-        .collect()
+) -> Forwarded {
+    let list = |s: &str| -> Vec<String> {
+        s.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let (prefixes, allowed) = (list(prefixes), list(allowed_secrets));
+    let mut out = Forwarded::default();
+    for (k, v) in env {
+        if !prefixes.iter().any(|p| k.starts_with(p.as_str())) {
+            continue;
+        }
+        if looks_secret(&k) && !allowed.contains(&k) {
+            out.withheld.push(k);
+        } else {
+            out.env.insert(k, v);
+        }
+    }
+    out.withheld.sort();
+    out
 }
 
 /// Why the controller will not start on `bucket`, in the words a user can act on, with the
@@ -129,14 +191,24 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         controller: "cojob-controller".into(),
         instance: args.instance.clone(),
     };
+    let forwarded = forwarded_env(
+        &args.forward_env,
+        &args.forward_secret_env,
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+    );
+    if !forwarded.withheld.is_empty() {
+        tracing::info!(
+            withheld = ?forwarded.withheld,
+            "not forwarding these variables to run pods, since their names look secret; give \
+             sidecars credentials with --sidecar-credentials-secret (scoped to each namespace), \
+             or list them in --forward-secret-env (only where one tenant owns every namespace)"
+        );
+    }
     let settings = Settings {
         sidecar_image: args.sidecar_image,
         bucket: args.bucket,
-        forwarded_env: forwarded_env(
-            &args.forward_env,
-            std::env::vars_os()
-                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
-        ),
+        forwarded_env: forwarded.env,
         sweep_interval: args.sweep_interval,
         clock_skew_allowance: args.clock_skew_allowance,
         sidecar_credentials_secret: args.sidecar_credentials_secret.filter(|s| !s.is_empty()),

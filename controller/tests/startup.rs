@@ -23,6 +23,7 @@ fn controller(bucket: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, 
             "--sidecar-image",
             "unused",
         ])
+        .env("COJOB_HOLDER_KEY", "startup-test-holder-key-of-enough-bytes-0123")
         .env("RUST_BACKTRACE", "0")
         .env("RUST_LIB_BACKTRACE", "0")
         .envs(env.iter().copied())
@@ -72,4 +73,18 @@ fn wrong_credentials_are_refused_without_the_raw_reply() {
         !stderr.contains("StringToSign") && !stderr.contains("<?xml"),
         "signature material leaks: {stderr}"
     );
+}
+
+/// A holder key too short to be secret is refused before anything else, and never printed.
+#[test]
+fn a_short_holder_key_is_refused() {
+    let bucket = required_env("COJOB_TEST_S3_URL");
+    let (status, stderr) = controller(&bucket, &[("COJOB_HOLDER_KEY", "hunter2")]);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("COJOB_HOLDER_KEY (--holder-key) is too short")
+            && stderr.contains("at least 32 random bytes"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "the key leaks: {stderr}");
 }

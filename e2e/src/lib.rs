@@ -73,6 +73,28 @@ pub async fn client() -> Client {
         .expect("a client for the cluster in KUBECONFIG")
 }
 
+/// The Secret each job namespace provides with its sidecars' store credentials
+/// (`sidecarCredentialsSecret` in `charts/cojob/values-local.yaml`).
+pub const STORE_CREDENTIALS_SECRET: &str = "cojob-store-credentials";
+
+/// Creates [`STORE_CREDENTIALS_SECRET`] in `namespace` with the test S3 server's credentials
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`), as a namespace owner would with credentials
+/// scoped to its folder.
+pub async fn provide_store_credentials(client: &Client, namespace: &str) {
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": STORE_CREDENTIALS_SECRET},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": required_env("AWS_ACCESS_KEY_ID"),
+            "AWS_SECRET_ACCESS_KEY": required_env("AWS_SECRET_ACCESS_KEY"),
+        },
+    }))
+    .expect("secret");
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the store credentials Secret");
+}
+
 /// A fresh namespace, deleted on drop of the returned guard's `cleanup`.
 pub struct TestNamespace {
     /// The namespace's name.

@@ -1444,6 +1444,7 @@ async fn run_chaos(
     ];
     for fault in faults {
         let ns = TestNamespace::create(&ctx.client, &format!("chaos-{}", fault.name())).await;
+        cojob_e2e::provide_store_credentials(&ctx.client, &ns.name).await;
         let _ = Api::<k8s_openapi::api::core::v1::Namespace>::all(ctx.client.clone())
             .patch(
                 &ns.name,
@@ -1479,6 +1480,7 @@ async fn run_batch(
     let mut handles = Vec::new();
     for (title, prefix, scenario) in scenarios.iter().copied() {
         let ns = TestNamespace::create(&client, prefix).await;
+        cojob_e2e::provide_store_credentials(&client, &ns.name).await;
         Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
             .patch(
                 &ns.name,

@@ -276,9 +276,10 @@ pub async fn deleted_after_success(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
     let seen = tracker.seen();
     let ends = ledger.count("end", None);
     ensure!(
-        // The epoch may be 2: the pod's holder Secret goes with the deleted pod, and then the
-        // result is recorded by a takeover guarded by the attempt's dispatch marker.
+        // Recorded at the attempt's own epoch: the holder is derived, so deleting the pod and
+        // its Secret loses nothing.
         lease.status() == Some("succeeded")
+            && lease.epoch == 1
             && lease.attempt() == Some(1)
             && ends == 1
             && seen.len() == 1,
