@@ -67,6 +67,18 @@ pub struct ControllerArgs {
     /// controller's own credentials never leave its namespace.
     #[arg(long, env = "COJOB_SIDECAR_CREDENTIALS_SECRET")]
     pub sidecar_credentials_secret: Option<String>,
+    /// The shortest interval between two ticks that a job's schedule may have; a schedule
+    /// that fires more often is `InvalidSpec`. Bounds the load one tenant can cause.
+    #[arg(long, env = "COJOB_MIN_SCHEDULE_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub min_schedule_interval: Duration,
+    /// The shortest lease ttl a job may ask for (`lease.ttlSeconds`; the CRD's own minimum is
+    /// 6 s); a shorter one is `InvalidSpec`. Each active run costs a renewal every ttl/3.
+    #[arg(long, env = "COJOB_MIN_LEASE_TTL", default_value = "6s", value_parser = humantime::parse_duration)]
+    pub min_lease_ttl: Duration,
+    /// How many CoordinatedJobs are reconciled at once, at most (one object is never
+    /// reconciled twice at the same time).
+    #[arg(long, env = "COJOB_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_reconciles: u16,
     /// The key lease holders are derived under: at least 32 random bytes, the same for every
     /// replica (the chart keeps it in a Secret of the controller's namespace). Holders are
     /// never stored where the controller reads them back, so it needs no read access to
@@ -213,6 +225,8 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         clock_skew_allowance: args.clock_skew_allowance,
         sidecar_credentials_secret: args.sidecar_credentials_secret.filter(|s| !s.is_empty()),
         holder_key,
+        min_schedule_interval: args.min_schedule_interval,
+        min_lease_ttl: args.min_lease_ttl,
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");
     let cx = Arc::new(Context {
@@ -228,7 +242,12 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         cx.settings.clock_skew_allowance,
         crate::skew::Reporter::new(cx.recorder.clone()),
     ));
-    let result = crate::reconcile::run(cx, args.namespace.as_deref()).await;
+    let result = crate::reconcile::run(
+        cx,
+        args.namespace.as_deref(),
+        args.max_concurrent_reconciles,
+    )
+    .await;
     skew.abort();
     result
         .context("watching CoordinatedJobs (is the CRD installed and may this account list it?)")?;

@@ -29,6 +29,10 @@ pub struct Settings {
     pub clock_skew_allowance: Duration,
     /// A Secret, in each run's namespace, with the sidecar's store credentials.
     pub sidecar_credentials_secret: Option<String>,
+    /// The shortest interval between two ticks a schedule may have.
+    pub min_schedule_interval: Duration,
+    /// The shortest lease ttl a job may ask for.
+    pub min_lease_ttl: Duration,
     /// The key lease holders are derived under (never printed).
     pub holder_key: crate::sweeper::holder::HolderKey,
 }
@@ -48,6 +52,8 @@ impl std::fmt::Debug for Settings {
                 "sidecar_credentials_secret",
                 &self.sidecar_credentials_secret,
             )
+            .field("min_schedule_interval", &self.min_schedule_interval)
+            .field("min_lease_ttl", &self.min_lease_ttl)
             .finish_non_exhaustive()
     }
 }

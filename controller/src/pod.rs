@@ -6,10 +6,15 @@
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvFromSource, EnvVar, EnvVarSource, ExecAction, Pod, Probe,
-    SecretEnvSource, SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    ResourceRequirements, SeccompProfile, SecretEnvSource, SecretKeySelector, SecurityContext,
+    Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use std::collections::BTreeMap;
+
+/// The user and group the sidecar runs as (non-root, like the image's own user).
+pub const SIDECAR_UID: i64 = 65532;
 
 /// The label that names a pod's CoordinatedJob.
 pub const LABEL_JOB: &str = "cojob.dev/job";
@@ -186,15 +191,34 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
                 .collect(),
         ),
         volume_mounts: Some(vec![shared_mount()]),
+        // Complete for the `restricted` Pod Security level, whatever the pod's own settings.
         security_context: Some(SecurityContext {
             run_as_non_root: Some(true),
+            run_as_user: Some(SIDECAR_UID),
+            run_as_group: Some(SIDECAR_UID),
             read_only_root_filesystem: Some(true),
             allow_privilege_escalation: Some(false),
             capabilities: Some(Capabilities {
                 drop: Some(vec!["ALL".into()]),
                 ..Capabilities::default()
             }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..SeccompProfile::default()
+            }),
             ..SecurityContext::default()
+        }),
+        // Enough for a renewal every ttl/3; counted against quotas like any container.
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".into(), Quantity("10m".into())),
+                ("memory".into(), Quantity("32Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".into(),
+                Quantity("128Mi".into()),
+            )])),
+            ..ResourceRequirements::default()
         }),
         ..Container::default()
     }

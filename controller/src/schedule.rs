@@ -132,6 +132,32 @@ impl Schedule {
         Ok(Schedule { cron, tz })
     }
 
+    /// The shortest gap between consecutive fire times among the first `samples` after `t`
+    /// (`None` when it fires fewer than twice).
+    ///
+    /// ```
+    /// use cojob_controller::schedule::Schedule;
+    /// use std::time::Duration;
+    /// let t = "2026-08-09T00:00:00Z".parse().unwrap();
+    /// let every_5s = Schedule::parse("*/5 * * * * *", None).unwrap();
+    /// assert_eq!(every_5s.min_gap(t, 32), Some(Duration::from_secs(5)));
+    /// let twice_an_hour = Schedule::parse("0,1 * * * *", None).unwrap();
+    /// assert_eq!(twice_an_hour.min_gap(t, 32), Some(Duration::from_secs(60)));
+    /// ```
+    pub fn min_gap(&self, t: DateTime<Utc>, samples: usize) -> Option<std::time::Duration> {
+        let mut prev = self.next_after(t)?;
+        let mut least: Option<std::time::Duration> = None;
+        for _ in 1..samples {
+            let Some(next) = self.next_after(prev) else {
+                break;
+            };
+            let gap = (next - prev).to_std().unwrap_or_default();
+            least = Some(least.map_or(gap, |l| l.min(gap)));
+            prev = next;
+        }
+        least
+    }
+
     /// The first fire time strictly after `t`.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         self.cron

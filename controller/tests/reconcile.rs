@@ -987,3 +987,100 @@ async fn a_pod_removed_before_it_started_is_created_again_at_the_same_epoch() {
     );
     h.cleanup().await;
 }
+
+/// In a namespace that enforces the `restricted` Pod Security level, a job whose own
+/// containers comply runs: the injected sidecar complies too (non-root, seccomp
+/// `RuntimeDefault`, no capabilities, no privilege escalation).
+#[tokio::test]
+async fn the_sidecar_complies_with_the_restricted_pod_security_level() {
+    let h = Harness::new("it-restricted").await;
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(h.client.clone())
+        .patch(
+            &h.ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "latest",
+            }}})),
+        )
+        .await
+        .unwrap();
+    h.create_job(
+        "strict",
+        json!({"template": {"spec": {"containers": [{
+            "name": "main", "image": "localhost/cojob/busybox:e2e",
+            "securityContext": {
+                "runAsNonRoot": true, "runAsUser": 1000,
+                "allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+        }]}}}),
+    )
+    .await;
+    h.settle("strict", 2).await;
+    let reasons = h.event_reasons("strict").await;
+    assert!(
+        !reasons.iter().any(|r| r == "PodRejected"),
+        "the run pod was refused: {reasons:?}"
+    );
+    assert_eq!(h.live_pod_names("strict").await, ["strict-once-1"]);
+    h.cleanup().await;
+}
+
+/// The controller's limits bound what one tenant can cost: a schedule that fires more often
+/// than `--min-schedule-interval`, or a lease ttl under `--min-lease-ttl`, is `InvalidSpec`
+/// with the numbers, and nothing is decided or run.
+#[tokio::test]
+async fn schedules_and_ttls_beyond_the_controller_limits_are_invalid() {
+    let h = Harness::new("it-limits").await;
+    let strict = h.context_with(&Budget::unlimited(), |s| {
+        s.min_schedule_interval = Duration::from_secs(60);
+        s.min_lease_ttl = Duration::from_secs(30);
+    });
+    h.create_job("fast", json!({"schedule": "*/10 * * * * *"}))
+        .await;
+    h.create_job(
+        "short",
+        json!({"schedule": "0 * * * *", "lease": {"ttlSeconds": 10}}),
+    )
+    .await;
+    h.create_job(
+        "fine",
+        json!({"schedule": "0 * * * *", "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    for name in ["fast", "short", "fine"] {
+        for _ in 0..2 {
+            h.reconcile_with(&strict, name).await.unwrap();
+        }
+    }
+    for (name, words) in [
+        (
+            "fast",
+            "the schedule fires every 10s; this controller accepts at most one tick every 1m",
+        ),
+        (
+            "short",
+            "lease.ttlSeconds is 10; this controller accepts at least 30s",
+        ),
+    ] {
+        let s = status(&h.job(name).await);
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "InvalidSpec"),
+            "{name}"
+        );
+        assert!(ready.message.contains(words), "{name}: {}", ready.message);
+        assert!(
+            h.decisions(name).await.is_empty(),
+            "{name}: no tick decided"
+        );
+        assert!(h.job_pods(name).await.is_empty(), "{name}: nothing runs");
+    }
+    let s = status(&h.job("fine").await);
+    let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_ne!(ready.reason.as_str(), "InvalidSpec", "{}", ready.message);
+    h.cleanup().await;
+}

@@ -23,7 +23,10 @@ fn controller(bucket: &str, env: &[(&str, &str)]) -> (std::process::ExitStatus, 
             "--sidecar-image",
             "unused",
         ])
-        .env("COJOB_HOLDER_KEY", "startup-test-holder-key-of-enough-bytes-0123")
+        .env(
+            "COJOB_HOLDER_KEY",
+            "startup-test-holder-key-of-enough-bytes-0123",
+        )
         .env("RUST_BACKTRACE", "0")
         .env("RUST_LIB_BACKTRACE", "0")
         .envs(env.iter().copied())

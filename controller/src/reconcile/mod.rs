@@ -31,7 +31,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -172,6 +172,28 @@ pub fn parse_schedule(spec: &CoordinatedJobSpec) -> Result<Option<Schedule>, Sch
         .transpose()
 }
 
+/// Why the job asks for more than this controller allows (`--min-schedule-interval`,
+/// `--min-lease-ttl`), if it does.
+fn beyond_limits(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Option<String> {
+    let settings = &scope.cx.settings;
+    let ttl = scope.ttl();
+    if ttl < settings.min_lease_ttl {
+        return Some(format!(
+            "lease.ttlSeconds is {}; this controller accepts at least {}",
+            ttl.as_secs(),
+            humantime::format_duration(settings.min_lease_ttl)
+        ));
+    }
+    let gap = schedule?.min_gap(scope.cx.db.clock().now(), 32)?;
+    (gap < settings.min_schedule_interval).then(|| {
+        format!(
+            "the schedule fires every {}; this controller accepts at most one tick every {}",
+            humantime::format_duration(gap),
+            humantime::format_duration(settings.min_schedule_interval)
+        )
+    })
+}
+
 /// Reconciles one CoordinatedJob.
 pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Action, Error> {
     let scope = JobScope::new(&cx, &job)?;
@@ -198,6 +220,10 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
             return Ok(Action::await_change());
         }
     };
+    if let Some(why) = beyond_limits(&scope, schedule.as_ref()) {
+        report_not_ready(&scope, "InvalidSpec", &why).await?;
+        return Ok(Action::await_change());
+    }
     if let Some(why) = crate::pod::reserved_conflict(&job.spec.template) {
         report_not_ready(&scope, "InvalidSpec", &why).await?;
         return Ok(Action::await_change());
@@ -484,7 +510,11 @@ pub fn error_policy(job: Arc<CoordinatedJob>, error: &Error, _cx: Arc<Context>) 
 
 /// Runs the controller until SIGTERM or SIGINT: watches CoordinatedJobs (in `namespace`, or
 /// everywhere) and the pods they own.
-pub async fn run(cx: Arc<Context>, namespace: Option<&str>) -> Result<(), kube::Error> {
+pub async fn run(
+    cx: Arc<Context>,
+    namespace: Option<&str>,
+    max_concurrent_reconciles: u16,
+) -> Result<(), kube::Error> {
     let client = cx.client.clone();
     let (jobs, pods): (Api<CoordinatedJob>, Api<Pod>) = match namespace {
         Some(ns) => (
@@ -506,6 +536,7 @@ pub async fn run(cx: Arc<Context>, namespace: Option<&str>) -> Result<(), kube::
     }
     Controller::new(jobs, watcher::Config::default())
         .owns(pods, watcher::Config::default().labels(LABEL_JOB))
+        .with_config(controller::Config::default().concurrency(max_concurrent_reconciles))
         .shutdown_on_signal()
         .run(reconcile, error_policy, cx)
         .for_each(|result| async move {

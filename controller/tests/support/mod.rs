@@ -183,6 +183,11 @@ impl Harness {
 
     /// A controller context whose bucket and API requests spend `budget`.
     pub fn context(&self, budget: &Budget) -> Arc<Context> {
+        self.context_with(budget, |_| {})
+    }
+
+    /// Like [`context`](Self::context), with settings changed by `tune`.
+    pub fn context_with(&self, budget: &Budget, tune: impl FnOnce(&mut Settings)) -> Arc<Context> {
         let url = url::Url::parse(&self.bucket).unwrap();
         let (inner, prefix) = ObjectStoreBackend::from_url(&url).unwrap();
         let store = Store::new(
@@ -210,19 +215,23 @@ impl Harness {
             controller: "cojob-controller".into(),
             instance: Some("integration".into()),
         };
+        let mut settings = Settings {
+            sidecar_image: "localhost/cojob/cojob:dev".into(),
+            bucket: self.bucket.clone(),
+            forwarded_env: [("AWS_REGION".to_string(), "us-east-1".to_string())].into(),
+            sweep_interval: Duration::from_secs(1),
+            clock_skew_allowance: Duration::from_secs(5),
+            sidecar_credentials_secret: None,
+            holder_key: test_holder_key(),
+            min_schedule_interval: Duration::from_secs(1),
+            min_lease_ttl: Duration::from_secs(6),
+        };
+        tune(&mut settings);
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             db,
-            settings: Settings {
-                sidecar_image: "localhost/cojob/cojob:dev".into(),
-                bucket: self.bucket.clone(),
-                forwarded_env: [("AWS_REGION".to_string(), "us-east-1".to_string())].into(),
-                sweep_interval: Duration::from_secs(1),
-                clock_skew_allowance: Duration::from_secs(5),
-                sidecar_credentials_secret: None,
-                holder_key: test_holder_key(),
-            },
+            settings,
         })
     }
 
