@@ -92,14 +92,18 @@ impl Component {
         if !status.success() {
             bail!("kill {signal} {pid} ({}) failed", self.name);
         }
-        // Gone, or a zombie: a dying process loses its memory (and its command line) before
-        // its files, so only the zombie state says its sockets are closed.
+        // Gone, or a zombie with no other thread left: a dying process loses its memory (and
+        // its command line) before its files, and its main thread turns zombie while its other
+        // threads may still hold the shared file table; only then are its sockets closed.
         let exited = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
-                stat.rsplit(')')
-                    .next()
-                    .is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X']))
-            })
+            let zombie =
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+                    stat.rsplit(')')
+                        .next()
+                        .is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X']))
+                });
+            let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
+            zombie && threads <= 1
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while !exited() {

@@ -17,11 +17,14 @@
 //!    again (G2), on the ledger;
 //! i. fenced effects (G4): a workload's `cojob fenced-put` writes its result with its epoch, and
 //!    is refused where a newer attempt already wrote (`operator/fence.rs`);
+//! k. tenants: two namespaces with their own scoped S3 users; every attack of one tenant on
+//!    the other, on the controller's credentials or through the controller is refused
+//!    (`operator/tenant.rs`);
 //! j. the CRD deleted while a run is active: the run is cancelled, its pod stopped, the CRD
 //!    goes and the controller stays up (`operator/crd_gone.rs`);
 //! g. `helm uninstall` (its pre-delete hook drains every CoordinatedJob) leaves nothing behind.
 //!
-//! b–e, h and i run concurrently, each in its own namespace; f scales the controller down, so it
+//! b–e, h, i and k run concurrently, each in its own namespace; f scales the controller down, so it
 //! runs after them, then the chaos suite, then j (it deletes the CRD); g runs last. (Invalid specs rejected at
 //! apply time are covered by `crd.rs`.) A failing step reports the pods, events, bucket state
 //! and controller logs it saw; the controller's whole log is copied under `target/tmp/`.
@@ -60,6 +63,8 @@ mod crd_gone;
 mod faults;
 #[path = "operator/fence.rs"]
 mod fence;
+#[path = "operator/tenant.rs"]
+mod tenant;
 
 /// The release; its name contains "cojob", so every object of the chart is named `cojob-e2e`.
 const RELEASE: &str = "cojob-e2e";
@@ -1373,7 +1378,7 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
     );
 
     // b–e, concurrently, each in its own namespace.
-    let scenarios: [(&str, &str, Scenario); 6] = [
+    let scenarios: [(&str, &str, Scenario); 7] = [
         ("b. a 10-second schedule for 60 s", "op-sched", |c, n| {
             Box::pin(every_ten_seconds(c, n))
         }),
@@ -1394,6 +1399,11 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
         ("i. fenced effects (G4)", "op-fence", |c, n| {
             Box::pin(fence::fenced_effects(c, n))
         }),
+        (
+            "k. tenants: scoped credentials and refused attacks",
+            "op-tenant-a",
+            |c, n| Box::pin(tenant::tenants(c, n)),
+        ),
     ];
     let later: [(&str, &str, Scenario); 1] = [(
         "f. deleted after success while no controller runs",
