@@ -10,8 +10,48 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "cojob", version, about)]
 struct Cli {
+    /// How log lines look: `json` (one object per line, with the span's fields, for log
+    /// collectors), `text` (for people), or `auto`: json unless stderr is a terminal.
+    #[arg(long, global = true, env = "COJOB_LOG_FORMAT", default_value = "auto")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The format of log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// json unless stderr is a terminal.
+    Auto,
+    /// One JSON object per line.
+    Json,
+    /// Human-readable text.
+    Text,
+}
+
+/// Installs the global subscriber: `RUST_LOG` filters (default `info`), lines go to stderr.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = match format {
+        LogFormat::Json => true,
+        LogFormat::Text => false,
+        LogFormat::Auto => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init();
+    } else {
+        builder.init();
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,15 +112,18 @@ fn shutdown_signal() -> impl std::future::Future<Output = ()> {
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+async fn main() {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    if let Err(e) = run(cli.command).await {
+        // Logged like everything else (one JSON object in the cluster), with its causes.
+        tracing::error!(error = format!("{e:#}"), "{e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Controller(args) => cojob_controller::cli::controller(args).await,
         Command::Drain(args) => cojob_controller::cli::drain(args).await,
         Command::Version => {

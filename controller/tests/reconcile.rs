@@ -1084,3 +1084,45 @@ async fn schedules_and_ttls_beyond_the_controller_limits_are_invalid() {
     assert_ne!(ready.reason.as_str(), "InvalidSpec", "{}", ready.message);
     h.cleanup().await;
 }
+
+/// A job whose index can never be read (here over the size limit) can still be deleted: its
+/// pods are stopped, an `IndexUnreadable` Warning says that its runs are not recorded as
+/// cancelled, and the object goes instead of waiting forever on its finalizer.
+#[tokio::test]
+async fn a_job_with_an_unreadable_index_can_still_be_deleted() {
+    let h = Harness::new("it-unreadable").await;
+    h.create_job("stuck", json!({})).await;
+    h.settle("stuck", 2).await;
+    assert_eq!(h.live_pod_names("stuck").await, ["stuck-once-1"]);
+    let key = h.keys("stuck").await.index();
+    h.db.store()
+        .put(
+            &key,
+            vec![b' '; cojob::MAX_DOCUMENT_BYTES + 1].into(),
+            cojob::PutMode::Overwrite,
+        )
+        .await
+        .unwrap();
+    h.jobs().delete("stuck", &Default::default()).await.unwrap();
+    for _ in 0..50 {
+        h.settle("stuck", 1).await;
+        if h.jobs().get_opt("stuck").await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        h.jobs().get_opt("stuck").await.unwrap().is_none(),
+        "the object is still there"
+    );
+    assert!(
+        h.job_pods("stuck").await.is_empty(),
+        "its pods are gone with it"
+    );
+    let reasons = h.event_reasons("stuck").await;
+    assert!(
+        reasons.iter().any(|r| r == "IndexUnreadable"),
+        "{reasons:?}"
+    );
+    h.cleanup().await;
+}

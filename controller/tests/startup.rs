@@ -91,3 +91,44 @@ fn a_short_holder_key_is_refused() {
     );
     assert!(!stderr.contains("hunter2"), "the key leaks: {stderr}");
 }
+
+/// Without a terminal (as in a cluster), every log line is one JSON object, the error included;
+/// `--log-format text` gives text.
+#[test]
+fn logs_are_json_lines_without_a_terminal() {
+    let (status, stderr) = controller("s3://cojob-no-such-bucket/cojob", &[]);
+    assert!(!status.success());
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let refusal = lines
+        .iter()
+        .find(|l| l["level"] == "ERROR")
+        .unwrap_or_else(|| panic!("no error line: {stderr}"));
+    assert!(
+        refusal["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("refusing to start on s3://cojob-no-such-bucket/cojob")),
+        "{refusal}"
+    );
+    assert!(
+        refusal["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("NoSuchBucket")),
+        "{refusal}"
+    );
+
+    let (_, text) = controller(
+        "s3://cojob-no-such-bucket/cojob",
+        &[("COJOB_LOG_FORMAT", "text")],
+    );
+    assert!(
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_err()),
+        "{text}"
+    );
+    assert!(text.contains("refusing to start on"), "{text}");
+}

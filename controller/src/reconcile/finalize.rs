@@ -35,7 +35,24 @@ async fn cancel_and_release(
         return Ok(Action::await_change());
     }
     let doc = scope.cx.db.doc::<JobIndex>(&scope.keys.index());
-    let known = read_index(scope, &doc).await?;
+    let known = match read_index(scope, &doc).await {
+        Ok(known) => known,
+        // An index that can never be read (corrupt, foreign, oversized) must not keep the
+        // object forever: without it the runs cannot be recorded as cancelled, but their pods
+        // can still be stopped. A store that is only unavailable is waited for.
+        Err(e) if e.is_unreadable_document() => {
+            tracing::warn!(job = %scope.name, namespace = %scope.namespace, error = %e, "the index cannot be read; stopping the job's pods without recording its runs");
+            said.warning(
+                "IndexUnreadable",
+                format!(
+                    "the job's index in the bucket ({}) cannot be read; its pods are stopped and its active runs are not recorded as cancelled",
+                    scope.keys.index()
+                ),
+            );
+            return release_pods_then_let_go(scope).await;
+        }
+        Err(e) => return Err(e),
+    };
     let index = index_of(&known);
     let pods = list_pods(scope).await?;
     let empty = RunPods::new();
@@ -68,9 +85,14 @@ async fn cancel_and_release(
         tracing::info!(job = %scope.name, active = index.active.len(), "waiting for runs to stop before removing the finalizer");
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
-    // Every run is over: the pods' outcomes are recorded, so their result finalizers go once
-    // nothing of them runs. The object waits for pods still stopping, so no pod outlives it
-    // with a finalizer nobody would remove.
+    // Every run is over: the pods' outcomes are recorded.
+    release_pods_then_let_go(scope).await
+}
+
+/// Stops the job's pods, releases their result finalizers once nothing of them runs, then
+/// removes the job's own finalizer. The object waits for pods still stopping, so no pod
+/// outlives it with a finalizer nobody would remove.
+async fn release_pods_then_let_go(scope: &JobScope<'_>) -> Result<Action, Error> {
     let pods = list_pods(scope).await?; // as they are after the cancels
     let mut stopping = Vec::new();
     for pod in pods.values().flat_map(|p| p.values()) {

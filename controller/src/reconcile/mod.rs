@@ -94,6 +94,27 @@ impl Error {
         )
     }
 
+    /// True when a document of the job can never be read as it is (not cojob's, corrupt, or
+    /// over the size limit), as opposed to a store that is only unavailable.
+    ///
+    /// ```
+    /// use cojob_controller::reconcile::Error;
+    /// let corrupt = Error::Store(cojob::Error::Corrupt { key: "k".into(), expected: "index".into(), detail: "x".into() });
+    /// assert!(corrupt.is_unreadable_document());
+    /// let huge = Error::Store(cojob::Error::Store(cojob::StoreError::TooLarge { key: "k".into(), size: 9, limit: 1 }));
+    /// assert!(huge.is_unreadable_document());
+    /// ```
+    pub fn is_unreadable_document(&self) -> bool {
+        matches!(
+            self,
+            Error::Store(
+                cojob::Error::Corrupt { .. }
+                    | cojob::Error::TooLarge { .. }
+                    | cojob::Error::Store(cojob::StoreError::TooLarge { .. })
+            )
+        )
+    }
+
     /// The condition reason and message of a bucket failure, as the job's namespace may see
     /// them: what is wrong and which of the job's own keys, never the store's reply (which can
     /// name the endpoint, the account or the principal). The whole error goes to the
@@ -194,7 +215,9 @@ fn beyond_limits(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Option<St
     })
 }
 
-/// Reconciles one CoordinatedJob.
+/// Reconciles one CoordinatedJob, in a span that names it (every log line of the pass carries
+/// its namespace and name).
+#[tracing::instrument(name = "reconcile", skip_all, fields(namespace = job.metadata.namespace.as_deref().unwrap_or_default(), job = job.metadata.name.as_deref().unwrap_or_default()))]
 pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Action, Error> {
     let scope = JobScope::new(&cx, &job)?;
     if job.metadata.deletion_timestamp.is_some() {
