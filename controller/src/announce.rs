@@ -17,6 +17,7 @@
 use kube::runtime::events::EventType;
 
 use crate::context::JobScope;
+use crate::metrics::RunOutcome;
 
 /// One Event to publish about the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,9 +83,28 @@ impl Announcements {
         &self.0
     }
 
-    /// Publishes every announcement as an Event about the job (a failure to publish one is
-    /// logged, never fatal).
+    /// Counts what was announced in the metrics (a fact is announced by the one controller that
+    /// made it), then publishes every announcement as an Event about the job (a failure to
+    /// publish one is logged, never fatal).
     pub async fn publish(self, scope: &JobScope<'_>) {
+        let metrics = &scope.cx.metrics;
+        let now = scope.cx.db.clock().now().timestamp_millis() as f64 / 1000.0;
+        for a in &self.0 {
+            match a.reason {
+                "RunSucceeded" => {
+                    metrics.run_ended(RunOutcome::Succeeded, &scope.namespace, &scope.name, now)
+                }
+                "RunFailed" => {
+                    metrics.run_ended(RunOutcome::Failed, &scope.namespace, &scope.name, now)
+                }
+                "RunCancelled" => {
+                    metrics.run_ended(RunOutcome::Cancelled, &scope.namespace, &scope.name, now)
+                }
+                "LeaseLost" => metrics.took_over(),
+                "RunRespawned" => metrics.respawned(),
+                _ => {}
+            }
+        }
         for a in self.0 {
             scope
                 .run_event(a.type_, a.reason, a.note, a.pod.as_deref())

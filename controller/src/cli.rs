@@ -88,6 +88,10 @@ pub struct ControllerArgs {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "COJOB_WATCH_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served. Port 0 picks a free port and
+    /// logs it (several replicas on one host network).
+    #[arg(long, env = "COJOB_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: std::net::SocketAddr,
     /// This replica's name, for Events (the pod name, from the downward API).
     #[arg(long, env = "POD_NAME")]
     pub instance: Option<String>,
@@ -229,11 +233,16 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         min_lease_ttl: args.min_lease_ttl,
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");
+    let metrics = Arc::new(crate::metrics::Metrics::new(db.store().clone()));
+    crate::metrics::serve(args.metrics_addr, metrics.clone())
+        .await
+        .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     let cx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         client,
         db,
         settings,
+        metrics,
     });
     // Reports this controller's clock skew against the store's (log and Event), now and
     // every few minutes; it ends with the process.

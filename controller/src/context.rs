@@ -68,6 +68,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// The settings.
     pub settings: Settings,
+    /// The metrics.
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 /// One CoordinatedJob as reconcile sees it.

@@ -15,6 +15,7 @@ pub mod crd;
 pub mod fence;
 pub mod index;
 pub mod layout;
+pub mod metrics;
 pub mod pod;
 pub mod reconcile;
 pub mod run;

@@ -5,13 +5,24 @@
 //! its creation is idempotent (a second create gets `AlreadyExists`).
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvFromSource, EnvVar, EnvVarSource, ExecAction, Pod, Probe,
-    ResourceRequirements, SeccompProfile, SecretEnvSource, SecretKeySelector, SecurityContext,
-    Volume, VolumeMount,
+    Capabilities, Container, EnvFromSource, EnvVar, EnvVarSource, ExecAction, Pod,
+    PodSchedulingGate, Probe, ResourceRequirements, SeccompProfile, SecretEnvSource,
+    SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use std::collections::BTreeMap;
+
+/// The scheduling gate that holds a run pod until its holder Secret exists.
+pub const HOLDER_GATE: &str = "cojob.dev/holder-secret";
+
+/// True while `pod` still carries [`HOLDER_GATE`].
+pub fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|g| g.iter().any(|g| g.name == HOLDER_GATE))
+}
 
 /// The user and group the sidecar runs as (non-root, like the image's own user).
 pub const SIDECAR_UID: i64 = 65532;
@@ -297,7 +308,10 @@ fn wrapped(mut c: Container, ttl_seconds: i64) -> Container {
 /// - each workload container's `command` under `cojob wrap`, the self-fence;
 /// - the sidecar first among the init containers, so it starts before the others;
 /// - `restartPolicy: Never`: a failed attempt is retried under a new epoch, not restarted;
-/// - the [`RESULT_FINALIZER`], so the pod's outcome outlives a deletion until it is recorded.
+/// - the [`RESULT_FINALIZER`], so the pod's outcome outlives a deletion until it is recorded;
+/// - the scheduling gate [`HOLDER_GATE`]: the pod is not scheduled until its holder Secret
+///   exists (the controller creates the Secret, owned by the pod, then removes the gate), so
+///   the kubelet never sees it without its Secret.
 pub fn build_pod(
     template: &k8s_openapi::api::core::v1::PodTemplateSpec,
     namespace: &str,
@@ -353,6 +367,11 @@ pub fn build_pod(
         ..Volume::default()
     });
     spec.restart_policy = Some("Never".into());
+    spec.scheduling_gates
+        .get_or_insert_with(Vec::new)
+        .push(PodSchedulingGate {
+            name: HOLDER_GATE.into(),
+        });
     if active_deadline_seconds.is_some() {
         spec.active_deadline_seconds = active_deadline_seconds;
     }
@@ -446,6 +465,7 @@ mod tests {
             credentials_secret: None,
         };
         let pod = build_pod(&t, "ns", owner, "nightly", &run(), &cfg, None);
+        assert!(is_gated(&pod), "held until its holder Secret exists");
         let spec = pod.spec.unwrap();
         assert_eq!(spec.containers[0].command.as_ref().unwrap()[3], "12");
         assert!(spec.init_containers.unwrap().iter().all(|i| {

@@ -52,6 +52,10 @@ async fn a_one_shot_run_is_dispatched_once_and_released_on_success() {
     assert_eq!((st.status.as_str(), st.attempt), ("pending", 1));
 
     let pod = h.pods().get("once-once-1").await.unwrap();
+    assert!(
+        !cojob_controller::pod::is_gated(&pod),
+        "the scheduling gate goes once the holder Secret exists"
+    );
     let env: Vec<String> = pod.spec.as_ref().unwrap().containers[0]
         .env
         .iter()

@@ -912,6 +912,7 @@ async fn every_ten_seconds(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     );
     wait_job_event(&ctx, &ns, name, "RunDispatched").await?;
     wait_job_event(&ctx, &ns, name, "RunSucceeded").await?;
+    check_metrics(&ctx, &ns, name, succeeded).await?;
     println!(
         "b: ok: {} ticks in the window, {} runs, {} pods, all succeeded on attempt 1, no respawn",
         window.len(),
@@ -1286,6 +1287,68 @@ async fn uninstall_and_check(ctx: &Ctx) -> anyhow::Result<()> {
 
 // ---------------------------------------------------------------------------------------------
 // Diagnostics
+
+/// Scrapes every controller replica (each logs the port it serves on) and checks the metrics
+/// against the `succeeded` runs that job `ns/name` made: summed over the replicas, at least that
+/// many run decisions, successes and dispatch-lag observations (other scenarios run at the same
+/// time), the job's last success within the last minute, readiness, and bucket requests.
+async fn check_metrics(ctx: &Ctx, ns: &str, name: &str, succeeded: i64) -> anyhow::Result<()> {
+    let mut ports = BTreeSet::new();
+    for line in controller_log_lines(ctx).await? {
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if v["message"] == "serving /metrics, /healthz and /readyz"
+            && let Some(port) = v["addr"].as_str().and_then(|a| a.rsplit(':').next())
+        {
+            ports.insert(port.to_string());
+        }
+    }
+    ensure!(
+        !ports.is_empty(),
+        "no controller logged its metrics address"
+    );
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    let mut last_success = 0f64;
+    let job_labels = format!("namespace=\"{ns}\",job=\"{name}\"");
+    for port in &ports {
+        let base = format!("http://127.0.0.1:{port}");
+        let ready = run_tool("curl", &["-sS", "--fail", &format!("{base}/readyz")]).await;
+        ensure!(ready.is_ok(), "replica on :{port} is not ready: {ready:?}");
+        let text = run_tool("curl", &["-sS", "--fail", &format!("{base}/metrics")])
+            .await
+            .with_context(|| format!("scraping :{port}"))?;
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let value: f64 = value.parse().unwrap_or(0.0);
+            *sums.entry(series.to_string()).or_default() += value;
+            if series == format!("cojob_job_last_success_timestamp_seconds{{{job_labels}}}") {
+                last_success = last_success.max(value);
+            }
+        }
+    }
+    let sum = |series: &str| sums.get(series).copied().unwrap_or(0.0);
+    let expected = succeeded as f64;
+    ensure!(
+        sum("cojob_decisions_total{kind=\"run\"}") >= expected
+            && sum("cojob_runs_total{outcome=\"succeeded\"}") >= expected
+            && sum("cojob_dispatch_lag_seconds_count") >= expected,
+        "metrics of {} replica(s) count fewer than the {succeeded} runs of {ns}/{name}: {sums:?}",
+        ports.len()
+    );
+    let age = now_secs() as f64 - last_success;
+    ensure!(
+        (0.0..60.0).contains(&age),
+        "{ns}/{name}'s last success is {age} s old by the metrics"
+    );
+    ensure!(
+        sum("cojob_store_requests_total{op=\"put_if_absent\",outcome=\"ok\"}") >= expected,
+        "bucket requests: {sums:?}"
+    );
+    Ok(())
+}
 
 /// Every line the controller containers logged, without the container runtime's prefix.
 async fn controller_log_lines(ctx: &Ctx) -> anyhow::Result<Vec<String>> {

@@ -87,3 +87,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "cojob.holderKeySecretName" -}}
 {{- default (printf "%s-holder-key" (include "cojob.fullname" .) | trunc 63 | trimSuffix "-") .Values.holderKey.existingSecret }}
 {{- end }}
+
+{{/* A duration such as 90s, 30m or 2h, in seconds. */}}
+{{- define "cojob.seconds" -}}
+{{- $d := toString . }}
+{{- if hasSuffix "h" $d }}{{ mul (trimSuffix "h" $d | int) 3600 }}
+{{- else if hasSuffix "m" $d }}{{ mul (trimSuffix "m" $d | int) 60 }}
+{{- else }}{{ trimSuffix "s" $d | int }}
+{{- end }}
+{{- end }}

@@ -94,6 +94,16 @@ impl Error {
         )
     }
 
+    /// The metrics' cause of this failure.
+    pub fn kind(&self) -> crate::metrics::ErrorKind {
+        use crate::metrics::ErrorKind;
+        match self {
+            _ if self.is_store() => ErrorKind::Store,
+            Error::Kube(_) | Error::Sweep(SweepError::Kube(_)) => ErrorKind::Kubernetes,
+            _ => ErrorKind::Other,
+        }
+    }
+
     /// True when a document of the job can never be read as it is (not cojob's, corrupt, or
     /// over the size limit), as opposed to a store that is only unavailable.
     ///
@@ -219,7 +229,15 @@ fn beyond_limits(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Option<St
 /// its namespace and name).
 #[tracing::instrument(name = "reconcile", skip_all, fields(namespace = job.metadata.namespace.as_deref().unwrap_or_default(), job = job.metadata.name.as_deref().unwrap_or_default()))]
 pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Action, Error> {
-    let scope = JobScope::new(&cx, &job)?;
+    let started = std::time::Instant::now();
+    let result = reconcile_job(&job, &cx).await;
+    cx.metrics
+        .reconciled(started.elapsed(), result.as_ref().err().map(Error::kind));
+    result
+}
+
+async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Error> {
+    let scope = JobScope::new(cx, job)?;
     if job.metadata.deletion_timestamp.is_some() {
         return finalize(&scope).await;
     }
@@ -256,6 +274,8 @@ pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Act
     said.publish(&scope).await;
     match result {
         Ok(synced) => {
+            cx.metrics
+                .job_active(&scope.namespace, &scope.name, synced.active.len());
             let status = build_status(&scope, &synced);
             patch_status(&scope, status).await?;
             Ok(Action::requeue(synced.requeue))
@@ -557,6 +577,7 @@ pub async fn run(
         tracing::warn!(error = %e, "cannot list CoordinatedJobs yet (CRD not established, or RBAC); retrying");
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
+    cx.metrics.set_ready(true);
     Controller::new(jobs, watcher::Config::default())
         .owns(pods, watcher::Config::default().labels(LABEL_JOB))
         .with_config(controller::Config::default().concurrency(max_concurrent_reconciles))

@@ -120,6 +120,11 @@ pub(super) async fn claim(
     let key = scope.keys.tick(tick);
     let claim = scope.cx.db.claim(&key, &proposal).await?;
     if claim.won {
+        scope.cx.metrics.decided(match &claim.value {
+            Decision::RunId(_) => crate::metrics::DecisionKind::Run,
+            Decision::Skipped(_) => crate::metrics::DecisionKind::Skipped,
+            Decision::Missed(_) => crate::metrics::DecisionKind::Missed,
+        });
         let at = tick.map_or_else(|| "once".to_string(), cojob::json::format_time);
         match &claim.value {
             Decision::RunId(id) => {

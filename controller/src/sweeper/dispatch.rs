@@ -139,6 +139,18 @@ pub async fn dispatch(
                 blocking.join(", ")
             ),
         };
+        if reason == "RunDispatched"
+            && pod.is_some()
+            && let Some(fired) = run
+                .fire_time
+                .as_deref()
+                .and_then(|t| cojob::json::parse_time(t).ok())
+        {
+            let lag = (scope.cx.db.clock().now() - fired)
+                .to_std()
+                .unwrap_or_default();
+            scope.cx.metrics.dispatched(lag);
+        }
         let related = pod
             .clone()
             .unwrap_or_else(|| crate::pod::pod_name(&run.run_id, epoch));

@@ -7,9 +7,11 @@
 //! `create`.
 //!
 //! The holder reaches the attempt's sidecar through the Secret `<run>-<epoch>-holder`, created
-//! right after the pod and owned by it, so it goes with the pod. A pod that starts before its
-//! Secret exists waits for it (the kubelet retries), and every pass re-creates it while the
-//! pod is pending (a crash between the two writes converges).
+//! right after the pod and owned by it, so it goes with the pod. The pod is created with the
+//! scheduling gate [`HOLDER_GATE`](crate::pod::HOLDER_GATE), removed once the Secret exists, so
+//! no kubelet sees the pod before its Secret (it would back off for seconds). While a pod is
+//! still gated, every pass creates its Secret and removes the gate again (a crash between the
+//! writes converges).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -83,11 +85,46 @@ pub fn holder(scope: &JobScope<'_>, run_id: &str, epoch: u64) -> String {
         .holder(&scope.keys.lease(run_id), epoch)
 }
 
-/// Creates the holder Secret of `pod`, the attempt's pod at `epoch`, owned by the pod. An
-/// existing Secret of that name is left as it is: the same holder, written by an earlier pass,
-/// or one of an older pod that the garbage collector is about to remove (the next pass
-/// creates it again).
+/// Creates the holder Secret of `pod` (the attempt's pod at `epoch`, owned by the pod), then
+/// lets the pod be scheduled (removes [`HOLDER_GATE`](crate::pod::HOLDER_GATE)). An existing
+/// Secret of that name is left as it is: the same holder, written by an earlier pass, or one
+/// of an older pod that the garbage collector is about to remove. Nothing is done for a pod
+/// that is no longer gated.
 pub async fn hand_to(
+    scope: &JobScope<'_>,
+    run_id: &str,
+    epoch: u64,
+    pod: &Pod,
+) -> Result<(), SweepError> {
+    if !crate::pod::is_gated(pod) {
+        return Ok(());
+    }
+    create_secret(scope, run_id, epoch, pod).await?;
+    let gates: Vec<_> = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.scheduling_gates.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|g| g.name != crate::pod::HOLDER_GATE)
+        .collect();
+    let patch = serde_json::json!({"spec": {"schedulingGates": gates}});
+    match scope
+        .pods
+        .patch(
+            &pod.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn create_secret(
     scope: &JobScope<'_>,
     run_id: &str,
     epoch: u64,

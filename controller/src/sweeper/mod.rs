@@ -302,8 +302,7 @@ async fn keep_pending_alive(
         && !lease.is_released()
         && RunState::parse(&lease.state).is_ok_and(|s| s.never_started());
     if pending && let Some(pod) = pod {
-        // A crash may have come between creating the pod and its Secret, or the Secret of an
-        // older pod of the same name was still there.
+        // A crash may have come between creating the pod and its Secret or ungating it.
         holder::hand_to(scope, &run.run_id, lease.epoch, pod).await?;
     }
     let ttl = scope.ttl();

@@ -227,11 +227,13 @@ impl Harness {
             min_lease_ttl: Duration::from_secs(6),
         };
         tune(&mut settings);
+        let metrics = Arc::new(cojob_controller::metrics::Metrics::new(db.store().clone()));
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             db,
             settings,
+            metrics,
         })
     }
 
