@@ -852,14 +852,7 @@ async fn an_oversized_document_stops_only_its_own_job() {
     h.create_job("huge", json!({})).await;
     h.create_job("fine", json!({})).await;
     let key = h.keys("huge").await.index();
-    h.db.store()
-        .put(
-            &key,
-            vec![b' '; cojob::MAX_DOCUMENT_BYTES + 1].into(),
-            cojob::PutMode::Overwrite,
-        )
-        .await
-        .unwrap();
+    h.plant_oversized(&key).await;
     let cx = h.context(&Budget::unlimited());
     let err = h
         .reconcile_with(&cx, "huge")
@@ -1099,14 +1092,7 @@ async fn a_job_with_an_unreadable_index_can_still_be_deleted() {
     h.settle("stuck", 2).await;
     assert_eq!(h.live_pod_names("stuck").await, ["stuck-once-1"]);
     let key = h.keys("stuck").await.index();
-    h.db.store()
-        .put(
-            &key,
-            vec![b' '; cojob::MAX_DOCUMENT_BYTES + 1].into(),
-            cojob::PutMode::Overwrite,
-        )
-        .await
-        .unwrap();
+    h.plant_oversized(&key).await;
     h.jobs().delete("stuck", &Default::default()).await.unwrap();
     for _ in 0..50 {
         h.settle("stuck", 1).await;

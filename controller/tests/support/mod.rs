@@ -461,6 +461,20 @@ impl Harness {
         test_holder_key().holder(&keys.lease(run), epoch)
     }
 
+    /// Puts an object one byte over the document limit at `key` (as a tenant with write access
+    /// to the job's folder could).
+    pub async fn plant_oversized(&self, key: &str) {
+        self.db
+            .store()
+            .put(
+                key,
+                vec![b' '; cojob::MAX_DOCUMENT_BYTES + 1].into(),
+                PutMode::Overwrite,
+            )
+            .await
+            .unwrap();
+    }
+
     /// The holder kept in a pod's Secret.
     pub async fn secret_holder(&self, pod: &str) -> Option<String> {
         let secret = self
