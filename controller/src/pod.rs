@@ -62,6 +62,8 @@ pub struct RunIdentity {
     pub attempt: u32,
     /// The tick, RFC 3339 UTC, or `once`.
     pub fire_time: String,
+    /// The name of this pod's holder Secret ([`new_holder_secret_name`]).
+    pub secret: String,
     /// The lease's key in the bucket.
     pub lease_key: String,
 }
@@ -71,8 +73,8 @@ pub fn pod_name(run_id: &str, epoch: u64) -> String {
     format!("{run_id}-{epoch}")
 }
 
-/// The Secret that keeps the lease holder of `run_id`'s attempt at `epoch`:
-/// `<runId>-<epoch>-holder`.
+/// The name of `run_id`'s dispatch at `epoch`, `<runId>-<epoch>-holder`: the acquisition's
+/// `dispatch` marker, and the prefix of the holder Secret of each pod object of that attempt.
 ///
 /// ```
 /// assert_eq!(cojob_controller::pod::holder_secret_name("nightly-1786240800", 2), "nightly-1786240800-2-holder");
@@ -81,15 +83,46 @@ pub fn holder_secret_name(run_id: &str, epoch: u64) -> String {
     format!("{}-holder", pod_name(run_id, epoch))
 }
 
+/// The name of the holder Secret of one pod object: [`holder_secret_name`] and a random
+/// suffix, so that a pod created again at the same epoch never meets the Secret of its
+/// predecessor (which the garbage collector may remove at any time).
+pub fn new_holder_secret_name(run_id: &str, epoch: u64) -> String {
+    let suffix: String = cojob::new_holder()
+        .chars()
+        .filter(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        .take(6)
+        .collect();
+    format!("{}-{suffix}", holder_secret_name(run_id, epoch))
+}
+
+/// The holder Secret a run pod was created with (its sidecar's `COJOB_HOLDER` reference).
+pub fn holder_secret_of(pod: &Pod) -> Option<String> {
+    pod.spec
+        .as_ref()?
+        .init_containers
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == SIDECAR_NAME)?
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == "COJOB_HOLDER")?
+        .value_from
+        .as_ref()?
+        .secret_key_ref
+        .as_ref()
+        .map(|r| r.name.clone())
+}
+
 impl RunIdentity {
     /// The pod's name ([`pod_name`]).
     pub fn pod_name(&self) -> String {
         pod_name(&self.run_id, self.epoch)
     }
 
-    /// The name of the Secret that holds this attempt's lease holder ([`holder_secret_name`]).
+    /// The name of the Secret that holds this pod's lease holder.
     pub fn secret_name(&self) -> String {
-        holder_secret_name(&self.run_id, self.epoch)
+        self.secret.clone()
     }
 }
 
@@ -406,6 +439,7 @@ mod tests {
             attempt: 2,
             fire_time: "2026-08-09T02:00:00.000000Z".into(),
             lease_key: "v1/jobs/ns/nightly/runs/nightly-1786240800/lease".into(),
+            secret: "nightly-1786240800-2-holder-abc123".into(),
         }
     }
 
@@ -508,7 +542,7 @@ mod tests {
             .flatten()
             .filter_map(|e| e.secret_ref.as_ref().map(|r| r.name.clone()))
             .collect();
-        assert_eq!(from, ["nightly-1786240800-2-holder", "cojob-store"]);
+        assert_eq!(from, ["nightly-1786240800-2-holder-abc123", "cojob-store"]);
         let probe = init[0].startup_probe.clone().expect("a startup probe");
         assert_eq!(
             probe.exec.and_then(|e| e.command),
@@ -528,7 +562,11 @@ mod tests {
             "the holder is never a plain env value"
         );
         let secret = holder.value_from.clone().unwrap().secret_key_ref.unwrap();
-        assert_eq!(secret.name, "nightly-1786240800-2-holder");
+        assert_eq!(secret.name, "nightly-1786240800-2-holder-abc123");
+        assert_eq!(
+            holder_secret_of(&build()).as_deref(),
+            Some("nightly-1786240800-2-holder-abc123")
+        );
         assert!(env.iter().any(|e| e.name == "AWS_REGION"));
     }
 

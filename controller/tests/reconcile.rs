@@ -42,7 +42,9 @@ async fn a_one_shot_run_is_dispatched_once_and_released_on_success() {
         h.derived_holder("once", "once-once", 1).await,
         "the holder derived from the run and the epoch under the holder key"
     );
-    let secret = h.secrets().get("once-once-1-holder").await.unwrap();
+    let name = h.secret_name_of("once-once-1").await.unwrap();
+    assert!(name.starts_with("once-once-1-holder-"), "{name}");
+    let secret = h.secrets().get(&name).await.unwrap();
     let owner = &secret.owner_references()[0];
     assert_eq!(
         (owner.kind.as_str(), owner.name.as_str()),
@@ -356,7 +358,8 @@ async fn a_crash_between_any_two_steps_converges() {
             lease.is_held_by(&holder),
             "crash after {n}: the Secret holds the lease's holder"
         );
-        let secret = h.secrets().get(&format!("{pod}-holder")).await.unwrap();
+        let secret_name = h.secret_name_of(&pod).await.unwrap();
+        let secret = h.secrets().get(&secret_name).await.unwrap();
         assert_eq!(
             secret.owner_references()[0].kind,
             "Pod",
@@ -963,7 +966,8 @@ async fn a_pod_removed_before_it_started_is_created_again_at_the_same_epoch() {
         h.settle("again", 1).await;
         if let Some(pod) = h.pods().get_opt("again-once-1").await.unwrap()
             && pod.uid() != first.uid()
-            && let Some(secret) = h.secrets().get_opt("again-once-1-holder").await.unwrap()
+            && let Some(name) = cojob_controller::pod::holder_secret_of(&pod)
+            && let Some(secret) = h.secrets().get_opt(&name).await.unwrap()
             && secret
                 .owner_references()
                 .iter()

@@ -179,6 +179,7 @@ pub async fn spawn(
         attempt,
         fire_time: run.fire_time.clone().unwrap_or_default(),
         lease_key: scope.keys.lease(&run.run_id),
+        secret: crate::pod::new_holder_secret_name(&run.run_id, epoch),
     };
     let settings = &scope.cx.settings;
     let cfg = SidecarConfig {

@@ -6,7 +6,8 @@
 //! so the controller needs no read access to Secrets at all: the only Secret right it holds is
 //! `create`.
 //!
-//! The holder reaches the attempt's sidecar through the Secret `<run>-<epoch>-holder`, created
+//! The holder reaches the attempt's sidecar through the Secret `<run>-<epoch>-holder-<random>`
+//! (a name unique to the pod object, read back from its spec), created
 //! right after the pod and owned by it, so it goes with the pod. The pod is created with the
 //! scheduling gate [`HOLDER_GATE`](crate::pod::HOLDER_GATE), removed once the Secret exists, so
 //! no kubelet sees the pod before its Secret (it would back off for seconds). While a pod is
@@ -86,10 +87,10 @@ pub fn holder(scope: &JobScope<'_>, run_id: &str, epoch: u64) -> String {
 }
 
 /// Creates the holder Secret of `pod` (the attempt's pod at `epoch`, owned by the pod), then
-/// lets the pod be scheduled (removes [`HOLDER_GATE`](crate::pod::HOLDER_GATE)). An existing
-/// Secret of that name is left as it is: the same holder, written by an earlier pass, or one
-/// of an older pod that the garbage collector is about to remove. Nothing is done for a pod
-/// that is no longer gated.
+/// lets the pod be scheduled (removes [`HOLDER_GATE`](crate::pod::HOLDER_GATE)). The Secret's
+/// name is the one the pod was built with, unique to this pod object, so an existing Secret of
+/// that name is this pod's own, from an earlier pass. Nothing is done for a pod that is no
+/// longer gated.
 pub async fn hand_to(
     scope: &JobScope<'_>,
     run_id: &str,
@@ -99,7 +100,10 @@ pub async fn hand_to(
     if !crate::pod::is_gated(pod) {
         return Ok(());
     }
-    create_secret(scope, run_id, epoch, pod).await?;
+    let Some(name) = crate::pod::holder_secret_of(pod) else {
+        return Ok(()); // not a pod this controller built
+    };
+    create_secret(scope, &name, run_id, epoch, pod).await?;
     let gates: Vec<_> = pod
         .spec
         .as_ref()
@@ -126,6 +130,7 @@ pub async fn hand_to(
 
 async fn create_secret(
     scope: &JobScope<'_>,
+    name: &str,
     run_id: &str,
     epoch: u64,
     pod: &Pod,
@@ -146,7 +151,7 @@ async fn create_secret(
     );
     let secret = Secret {
         metadata: ObjectMeta {
-            name: Some(secret_name(run_id, epoch)),
+            name: Some(name.into()),
             namespace: Some(scope.namespace.clone()),
             labels: Some(BTreeMap::from([
                 (LABEL_JOB.into(), scope.name.clone()),

@@ -475,13 +475,16 @@ impl Harness {
             .unwrap();
     }
 
+    /// The name of the holder Secret a pod was created with.
+    pub async fn secret_name_of(&self, pod: &str) -> Option<String> {
+        let pod = self.pods().get_opt(pod).await.unwrap()?;
+        cojob_controller::pod::holder_secret_of(&pod)
+    }
+
     /// The holder kept in a pod's Secret.
     pub async fn secret_holder(&self, pod: &str) -> Option<String> {
-        let secret = self
-            .secrets()
-            .get_opt(&format!("{pod}-holder"))
-            .await
-            .unwrap()?;
+        let name = self.secret_name_of(pod).await?;
+        let secret = self.secrets().get_opt(&name).await.unwrap()?;
         let bytes = secret.data?.get("holder")?.0.clone();
         String::from_utf8(bytes).ok()
     }

@@ -82,8 +82,11 @@ async fn attacks(ctx: &Ctx, a_ns: &str, b_ns: &str) -> anyhow::Result<()> {
     // The run's Secret holds no credential of the controller.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), a_ns);
     let holder = secrets
-        .get("work-once-1-holder")
-        .await
+        .list(&ListParams::default().labels("cojob.dev/run=work-once"))
+        .await?
+        .items
+        .into_iter()
+        .next()
         .context("the run's holder Secret")?;
     let keys: Vec<String> = holder.data.unwrap_or_default().into_keys().collect();
     let secret_looking: Vec<&String> = keys
