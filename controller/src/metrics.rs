@@ -159,8 +159,7 @@ impl Collector for StoreRequests {
 impl Metrics {
     /// The metrics, with the request counters of `store`.
     pub fn new(store: cojob::Store) -> Metrics {
-        let mut registry = Registry::default();
-        let m = Metrics {
+        let mut m = Metrics {
             runs: Family::default(),
             decisions: Family::default(),
             takeovers: Counter::default(),
@@ -175,49 +174,51 @@ impl Metrics {
             ready: AtomicBool::new(false),
             registry: Registry::default(),
         };
-        registry.register("cojob_runs", "Runs that ended, by outcome", m.runs.clone());
-        registry.register(
+        m.registry
+            .register("cojob_runs", "Runs that ended, by outcome", m.runs.clone());
+        m.registry.register(
             "cojob_decisions",
             "Tick decisions claimed, by kind",
             m.decisions.clone(),
         );
-        registry.register(
+        m.registry.register(
             "cojob_takeovers",
             "Leases taken over after their holder went silent (a new epoch)",
             m.takeovers.clone(),
         );
-        registry.register(
+        m.registry.register(
             "cojob_respawns",
             "Attempts started again under a new epoch (retries and takeovers)",
             m.respawns.clone(),
         );
-        registry.register(
+        m.registry.register(
             "cojob_dispatch_lag_seconds",
             "From a tick's fire time to its run's pod being created (first attempt)",
             m.dispatch_lag.clone(),
         );
-        registry.register(
+        m.registry.register(
             "cojob_reconcile_duration_seconds",
             "How long one reconcile pass of one CoordinatedJob took",
             m.reconcile_duration.clone(),
         );
-        registry.register(
+        m.registry.register(
             "cojob_reconcile_errors",
             "Reconcile passes that failed, by cause",
             m.reconcile_errors.clone(),
         );
-        registry.register(
+        m.registry.register(
             "cojob_job_active_runs",
             "Active runs of a CoordinatedJob",
             m.job_active.clone(),
         );
-        registry.register(
+        m.registry.register(
             "cojob_job_last_success_timestamp_seconds",
             "When a run of a CoordinatedJob last succeeded (recorded by this replica), in Unix seconds",
             m.job_last_success.clone(),
         );
-        registry.register_collector(Box::new(StoreRequests(store)));
-        Metrics { registry, ..m }
+        m.registry
+            .register_collector(Box::new(StoreRequests(store)));
+        m
     }
 
     /// A run's end was recorded by this controller, at `now` (Unix seconds).

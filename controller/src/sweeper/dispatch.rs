@@ -32,7 +32,7 @@ pub async fn dispatch(
     let acquire = Acquire {
         run_id: run.run_id.clone(),
         fire_time: run.fire_time.clone(),
-        dispatch: holder::secret_name(&run.run_id, expected),
+        dispatch: crate::pod::holder_secret_name(&run.run_id, expected),
         max_attempts: scope.max_attempts(),
         now: now_str(scope),
     };

@@ -27,8 +27,6 @@ use super::SweepError;
 use crate::context::JobScope;
 use crate::pod::{HOLDER_KEY, LABEL_EPOCH, LABEL_JOB, LABEL_RUN};
 
-pub use crate::pod::holder_secret_name as secret_name;
-
 /// The fewest bytes a holder key may have.
 pub const MIN_KEY_BYTES: usize = 32;
 
