@@ -210,8 +210,8 @@ pub enum Error {
         /// The ttl given.
         ttl: std::time::Duration,
     },
-    /// An empty holder string was given.
-    #[error("invalid lease holder: it must be a non-empty string")]
+    /// An empty holder string was given, or one in the recorded form (`sha256:…`).
+    #[error("invalid lease holder: it must be a non-empty string not beginning with \"sha256:\"")]
     InvalidHolder,
     /// A value could not be serialized to JSON. Nothing was written.
     #[error("value for {key:?} does not serialize to JSON: {source}")]

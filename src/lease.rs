@@ -1,7 +1,8 @@
 //! `lease`: expiring ownership with epoch fencing.
 //!
 //! A lease is the document `{"deadline_at":…,"epoch":…,"holder":…,"state":…}`, only ever
-//! replaced by compare-and-swap. Every acquisition bumps `epoch`, the fencing token. Every write
+//! replaced by compare-and-swap. `holder` records the holder's digest
+//! ([`holder_digest`](crate::holder_digest)), never the credential itself. Every acquisition bumps `epoch`, the fencing token. Every write
 //! through a [`Lease`] handle is guarded by the version the handle last saw; when the guard
 //! fails the handle re-reads and classifies: epoch advanced, holder changed or document gone
 //! means [`Error::LeaseLost`]; same epoch and holder means a cooperative write, whose state is
@@ -18,6 +19,7 @@ use crate::db::{Db, backoff, encode, from_json};
 use crate::error::{BoxError, Error, LostReason, Result};
 use crate::json::{format_time, parse_time, truncate_micros};
 use crate::store::{PutMode, PutOutcome, StoredObject, Version};
+use crate::token::{holder_digest, is_digest_like, records_holder};
 
 /// A state transition run atomically with an acquisition: it receives the current state (`None`
 /// for a fresh lease) and returns the new one, or an error to abort (nothing is written). It must
@@ -89,6 +91,7 @@ impl LeaseOptions {
 pub(crate) struct LeaseDoc {
     pub deadline_at: DateTime<Utc>,
     pub epoch: u64,
+    /// As recorded: the holder's digest (or, in documents written before digests, the holder).
     pub holder: Option<String>,
     pub state: Value,
 }
@@ -165,7 +168,8 @@ impl LeaseDoc {
 pub struct LeaseInfo {
     /// The fencing epoch of the current (or last) ownership period.
     pub epoch: u64,
-    /// The holder, or `None` after a release.
+    /// The holder as recorded, `sha256:…` ([`holder_digest`](crate::holder_digest)), or `None`
+    /// after a release. Compare a holder with [`is_held_by`](Self::is_held_by).
     pub holder: Option<String>,
     /// When the current ownership period ends unless renewed.
     pub deadline: DateTime<Utc>,
@@ -197,7 +201,7 @@ impl LeaseInfo {
 
     /// True when `holder` holds it (expired or not).
     pub fn is_held_by(&self, holder: &str) -> bool {
-        self.holder.as_deref() == Some(holder)
+        records_holder(self.holder.as_deref(), holder)
     }
 }
 
@@ -220,7 +224,7 @@ fn check_ttl(ttl: Duration) -> Result<chrono::Duration> {
 }
 
 fn check_holder(holder: &str) -> Result<()> {
-    if holder.is_empty() {
+    if holder.is_empty() || is_digest_like(holder) {
         return Err(Error::InvalidHolder);
     }
     Ok(())
@@ -303,7 +307,7 @@ impl Lease {
 
     /// Heartbeat: extends the deadline to now + ttl. Absorbs cooperative writes.
     pub async fn renew(&mut self) -> Result<()> {
-        self.guarded(true, Some(self.holder.clone()), |s| Ok(s.clone()))
+        self.guarded(true, Some(holder_digest(&self.holder)), |s| Ok(s.clone()))
             .await
     }
 
@@ -313,7 +317,7 @@ impl Lease {
     where
         F: FnMut(&Value) -> Value,
     {
-        self.guarded(false, Some(self.holder.clone()), |s| Ok(f(s)))
+        self.guarded(false, Some(holder_digest(&self.holder)), |s| Ok(f(s)))
             .await
     }
 
@@ -323,14 +327,17 @@ impl Lease {
     where
         F: FnMut(&Value) -> Result<Value, BoxError>,
     {
-        self.guarded(false, Some(self.holder.clone()), f).await
+        self.guarded(false, Some(holder_digest(&self.holder)), f)
+            .await
     }
 
     /// Guarded replace of the state. It discards cooperative writes it has not read; holders in a
     /// cooperative protocol should use [`update_state`](Self::update_state).
     pub async fn write(&mut self, state: Value) -> Result<()> {
-        self.guarded(false, Some(self.holder.clone()), |_| Ok(state.clone()))
-            .await
+        self.guarded(false, Some(holder_digest(&self.holder)), |_| {
+            Ok(state.clone())
+        })
+        .await
     }
 
     /// Ends this ownership period: records `state` (or keeps the current one) and sets the
@@ -428,7 +435,7 @@ impl Lease {
             // The document was deleted and created again since this period began.
             return Err(self.lost(LostReason::Deleted));
         }
-        if stored.holder.as_deref() != Some(self.holder.as_str()) {
+        if !records_holder(stored.holder.as_deref(), &self.holder) {
             return Err(self.lost(LostReason::HolderChanged));
         }
         tracing::debug!(
@@ -536,7 +543,7 @@ impl Db {
             let now = self.clock().now();
             if let Some((doc, _)) = &current {
                 let held = doc.holder.is_some() && !doc.expired_at(now);
-                let same_holder = doc.holder.as_deref() == Some(opts.holder.as_str());
+                let same_holder = records_holder(doc.holder.as_deref(), &opts.holder);
                 if held && !same_holder {
                     return Ok(None);
                 }
@@ -563,7 +570,7 @@ impl Db {
                         expected: "lease document".into(),
                         detail: "the epoch cannot grow any further".into(),
                     })?,
-                holder: Some(opts.holder.clone()),
+                holder: Some(holder_digest(&opts.holder)),
                 state,
             };
             let body = encode(&key, &doc.to_json())?;
@@ -678,7 +685,7 @@ impl Db {
         let Some((doc, version)) = parse_lease(&key, self.store().get_object(&key).await?)? else {
             return Ok(None);
         };
-        if doc.epoch != epoch || doc.holder.as_deref() != Some(holder) {
+        if doc.epoch != epoch || !records_holder(doc.holder.as_deref(), holder) {
             return Ok(None);
         }
         Ok(Some(self.handle(key, holder, ttl, doc, version)))
@@ -714,7 +721,7 @@ impl Db {
         let Some((doc, version)) = current else {
             return Ok(None);
         };
-        if doc.holder.as_deref() != Some(holder) || doc.expired_at(self.clock().now()) {
+        if !records_holder(doc.holder.as_deref(), holder) || doc.expired_at(self.clock().now()) {
             return Ok(None);
         }
         Ok(Some(self.handle(key, holder, ttl, doc, version)))

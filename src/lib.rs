@@ -89,8 +89,9 @@
 //!
 //! Documents are canonical JSON ([`json`]): sorted keys, no insignificant whitespace, UTF-8.
 //! Timestamps are fixed-width RFC 3339 UTC with microseconds. A lease is exactly
-//! `{"deadline_at":…,"epoch":…,"holder":…,"state":…}`. No document may exceed
-//! [`MAX_DOCUMENT_BYTES`].
+//! `{"deadline_at":…,"epoch":…,"holder":…,"state":…}`, where `holder` is the holder's digest
+//! ([`holder_digest`], `sha256:<hex>`) or `null` once released: a holder is a credential, so the
+//! bucket never stores it. No document may exceed [`MAX_DOCUMENT_BYTES`].
 
 #![warn(missing_docs)]
 
@@ -111,4 +112,4 @@ pub use doc::Doc;
 pub use error::{BoxError, Error, LostReason, Result, StoreError};
 pub use lease::{Lease, LeaseInfo, LeaseOptions, StateFn};
 pub use store::{ClockOffset, PutMode, PutOutcome, Store, Version};
-pub use token::new_holder;
+pub use token::{holder_digest, new_holder};

@@ -41,6 +41,7 @@ macro_rules! primitive_suite {
             lease_released_handle_is_lost,
             lease_release_with_reads_a_racing_cooperative_write,
             lease_attach_rules,
+            lease_records_only_the_holder_digest,
             lease_resume_rules,
             lease_two_handles_on_one_period_converge,
             lease_zero_ttl_and_empty_holder_are_refused,
@@ -257,7 +258,10 @@ pub async fn lease_document_is_canonical(r: Rig) {
     assert_eq!(lease.epoch(), 1);
     assert_eq!(
         String::from_utf8(stored_bytes(&r, "l").await.unwrap()).unwrap(),
-        r#"{"deadline_at":"2026-08-09T02:01:00.000000Z","epoch":1,"holder":"h1","state":{"a":{"b":3,"y":2},"z":1}}"#
+        format!(
+            r#"{{"deadline_at":"2026-08-09T02:01:00.000000Z","epoch":1,"holder":"{}","state":{{"a":{{"b":3,"y":2}},"z":1}}}}"#,
+            cojob::holder_digest("h1")
+        )
     );
     assert_eq!(lease.deadline(), later(&r, TTL));
 }
@@ -592,6 +596,74 @@ pub async fn lease_release_with_reads_a_racing_cooperative_write(r: Rig) {
     assert!(matches!(err, Error::Aborted { .. }), "{err}");
     assert!(!m.is_released());
     assert!(stored(&r, "m").await.unwrap()["holder"].is_string());
+}
+
+pub async fn lease_records_only_the_holder_digest(r: Rig) {
+    let me = holder("me");
+    let mut l =
+        r.db.lease("l", LeaseOptions::new(me.clone(), TTL))
+            .await
+            .unwrap()
+            .unwrap();
+    l.update_state(|_| json!({"step": 1})).await.unwrap();
+    r.db.cooperative_write("l", |s| cojob::lease::merge(s, json!({"seen": true})))
+        .await
+        .unwrap();
+    l.renew().await.unwrap();
+    let text = String::from_utf8(stored_bytes(&r, "l").await.unwrap()).unwrap();
+    assert!(
+        !text.contains(&me),
+        "the credential itself is never stored: {text}"
+    );
+    assert_eq!(
+        stored(&r, "l").await.unwrap()["holder"],
+        cojob::holder_digest(&me)
+    );
+    let info = r.db.inspect_lease("l").await.unwrap().unwrap();
+    assert!(info.is_held_by(&me) && !info.is_held_by(&holder("other")));
+    // Whoever reads the document cannot attach with what it shows.
+    let shown = info.holder.clone().unwrap();
+    let refused = [
+        r.db.attach_lease("l", &shown, TTL)
+            .await
+            .map(|l| l.is_some()),
+        r.db.resume_lease("l", &shown, 1, TTL)
+            .await
+            .map(|l| l.is_some()),
+        r.db.lease("l", LeaseOptions::new(shown.clone(), TTL))
+            .await
+            .map(|l| l.is_some()),
+    ];
+    for outcome in refused {
+        assert!(matches!(outcome, Err(Error::InvalidHolder)), "{outcome:?}");
+    }
+
+    // A lease written before holders were digests (the holder in clear) still belongs to its
+    // holder, and its next write records the digest.
+    let legacy = holder("legacy");
+    let body = json!({"deadline_at": cojob::json::format_time(later(&r, TTL)), "epoch": 4, "holder": legacy,
+        "state": {"step": 7}});
+    r.raw
+        .put("old", body.to_string().into(), PutMode::Overwrite)
+        .await
+        .unwrap();
+    let mut old =
+        r.db.resume_lease("old", &legacy, 4, TTL)
+            .await
+            .unwrap()
+            .expect("its holder resumes it");
+    assert!(
+        r.db.attach_lease("old", &holder("x"), TTL)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    old.renew().await.unwrap();
+    assert_eq!(
+        stored(&r, "old").await.unwrap()["holder"],
+        cojob::holder_digest(&legacy)
+    );
+    assert_eq!(old.epoch(), 4);
 }
 
 pub async fn lease_resume_rules(r: Rig) {
