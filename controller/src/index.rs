@@ -35,9 +35,37 @@ pub enum Decision {
 pub struct ActiveRun {
     /// The run id.
     pub run_id: String,
-    /// Its tick, formatted (absent for a job without a schedule).
+    /// Its tick, formatted (absent for a job without a schedule). For a manual run, the time
+    /// its trigger was decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fire_time: Option<String>,
+    /// The trigger key of a manual run (`cojob trigger`); absent for a tick's run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+}
+
+impl ActiveRun {
+    /// What the run serves, as status and `cojob runs` show it: the tick, `once`, or
+    /// `trigger/<key>`.
+    pub fn tick_label(&self) -> String {
+        tick_label(self.fire_time.as_deref(), self.trigger.as_deref())
+    }
+}
+
+/// See [`ActiveRun::tick_label`].
+fn tick_label(fire_time: Option<&str>, trigger: Option<&str>) -> String {
+    match (trigger, fire_time) {
+        (Some(key), _) => format!("trigger/{key}"),
+        (None, Some(t)) => t.to_string(),
+        (None, None) => "once".to_string(),
+    }
+}
+
+impl FinishedRun {
+    /// What the run served: the tick, `once`, or `trigger/<key>`.
+    pub fn tick_label(&self) -> String {
+        tick_label(self.fire_time.as_deref(), self.trigger.as_deref())
+    }
 }
 
 /// A run that ended.
@@ -48,6 +76,9 @@ pub struct FinishedRun {
     /// Its tick, formatted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fire_time: Option<String>,
+    /// The trigger key of a manual run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
     /// Its terminal phase.
     pub status: RunPhase,
     /// The epoch of its last attempt.
@@ -107,6 +138,10 @@ pub struct JobIndex {
     /// Totals.
     #[serde(default)]
     pub counters: Counters,
+    /// The trigger keys decided most recently, oldest first, at most [`MAX_TRIGGERS`]: a
+    /// trigger's decision is recorded (and counted) once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub triggers: Vec<String>,
 }
 
 /// The history limits of a job.
@@ -122,6 +157,9 @@ pub struct HistoryLimits {
 pub const MAX_ACTIVE: usize = 1000;
 /// The most finished runs an index may keep.
 pub const MAX_RECENT: usize = 1000;
+/// The most trigger keys an index remembers (older ones are still decided once: their claims
+/// stay in the bucket).
+pub const MAX_TRIGGERS: usize = 200;
 
 impl JobIndex {
     /// Checks what parsing cannot: at most [`MAX_ACTIVE`] active and [`MAX_RECENT`] finished
@@ -131,9 +169,9 @@ impl JobIndex {
     /// ```
     /// use cojob_controller::index::{ActiveRun, JobIndex};
     /// let mut index = JobIndex::default();
-    /// index.active.push(ActiveRun { run_id: "nightly-once".into(), fire_time: None });
+    /// index.active.push(ActiveRun { run_id: "nightly-once".into(), fire_time: None, trigger: None });
     /// assert!(index.validate("nightly").is_ok());
-    /// index.active.push(ActiveRun { run_id: "other-once".into(), fire_time: None });
+    /// index.active.push(ActiveRun { run_id: "other-once".into(), fire_time: None, trigger: None });
     /// assert!(index.validate("nightly").unwrap_err().contains("other-once"));
     /// ```
     pub fn validate(&self, job: &str) -> Result<(), String> {
@@ -149,12 +187,35 @@ impl JobIndex {
                 self.recent.len()
             ));
         }
+        if self.triggers.len() > MAX_TRIGGERS {
+            return Err(format!(
+                "{} trigger keys, more than {MAX_TRIGGERS}",
+                self.triggers.len()
+            ));
+        }
+        for key in &self.triggers {
+            crate::layout::check_trigger_key(key)?;
+        }
         let runs = self
             .active
             .iter()
-            .map(|a| (&a.run_id, &a.fire_time))
-            .chain(self.recent.iter().map(|f| (&f.run_id, &f.fire_time)));
-        for (run_id, fire_time) in runs {
+            .map(|a| (&a.run_id, &a.fire_time, &a.trigger))
+            .chain(
+                self.recent
+                    .iter()
+                    .map(|f| (&f.run_id, &f.fire_time, &f.trigger)),
+            );
+        for (run_id, fire_time, trigger) in runs {
+            if let Some(key) = trigger {
+                crate::layout::check_trigger_key(key)?;
+                let expected = crate::layout::trigger_run_id(job, key);
+                if *run_id != expected {
+                    return Err(format!(
+                        "run id {run_id:?} is not the one of job {job} for trigger {key:?} ({expected:?})"
+                    ));
+                }
+                continue;
+            }
             let tick = match fire_time {
                 Some(t) => Some(
                     cojob::json::parse_time(t)
@@ -207,12 +268,53 @@ impl JobIndex {
                         self.active.push(ActiveRun {
                             run_id: run_id.clone(),
                             fire_time: tick.map(cojob::json::format_time),
+                            trigger: None,
                         });
                     }
                 }
                 Decision::Skipped(_) => self.counters.skipped += 1,
                 Decision::Missed(_) => self.counters.missed += 1,
             }
+        }
+    }
+
+    /// True when the decision of trigger `key` is recorded here.
+    pub fn knows_trigger(&self, key: &str) -> bool {
+        self.triggers.iter().any(|k| k == key)
+    }
+
+    /// Records the decision of trigger `key`, decided at `at`, once: a run becomes active
+    /// (unless `ended`: its lease was found terminal, so it ran already and its record fell out
+    /// of this index) and a skip is counted. Keys are remembered up to [`MAX_TRIGGERS`].
+    pub fn record_trigger(
+        &mut self,
+        key: &str,
+        decision: &Decision,
+        at: DateTime<Utc>,
+        ended: bool,
+    ) {
+        if self.knows_trigger(key) {
+            return;
+        }
+        self.triggers.push(key.to_string());
+        if self.triggers.len() > MAX_TRIGGERS {
+            let excess = self.triggers.len() - MAX_TRIGGERS;
+            self.triggers.drain(..excess);
+        }
+        match decision {
+            Decision::RunId(run_id) => {
+                let known = self.active.iter().any(|r| &r.run_id == run_id)
+                    || self.recent.iter().any(|r| &r.run_id == run_id);
+                if !known && !ended {
+                    self.active.push(ActiveRun {
+                        run_id: run_id.clone(),
+                        fire_time: Some(cojob::json::format_time(at)),
+                        trigger: Some(key.to_string()),
+                    });
+                }
+            }
+            Decision::Skipped(_) => self.counters.skipped += 1,
+            Decision::Missed(_) => self.counters.missed += 1,
         }
     }
 
@@ -298,6 +400,7 @@ mod tests {
         FinishedRun {
             run_id: id.into(),
             fire_time: None,
+            trigger: None,
             status,
             epoch: 1,
             attempt: 1,
@@ -333,6 +436,46 @@ mod tests {
     }
 
     #[test]
+    fn a_trigger_is_recorded_once_and_an_ended_run_is_not_active_again() {
+        let at = t("2026-01-01T00:00:00Z");
+        let run = crate::layout::trigger_run_id("j", "k1");
+        let mut index = JobIndex::default();
+        index.record_trigger("k1", &Decision::RunId(run.clone()), at, false);
+        index.record_trigger("k1", &Decision::RunId(run.clone()), at, false);
+        assert_eq!(index.active.len(), 1);
+        assert_eq!(index.active[0].tick_label(), "trigger/k1");
+        assert!(index.validate("j").is_ok());
+        index.record_trigger(
+            "k2",
+            &Decision::Skipped("ConcurrencyForbid".into()),
+            at,
+            false,
+        );
+        index.record_trigger(
+            "k2",
+            &Decision::Skipped("ConcurrencyForbid".into()),
+            at,
+            false,
+        );
+        assert_eq!(index.counters.skipped, 1);
+        let old = crate::layout::trigger_run_id("j", "k3");
+        index.record_trigger("k3", &Decision::RunId(old), at, true);
+        assert_eq!(
+            index.active.len(),
+            1,
+            "a run that ended is not active again"
+        );
+        for i in 0..MAX_TRIGGERS + 5 {
+            index.record_trigger(&format!("s{i}"), &Decision::Skipped("x".into()), at, false);
+        }
+        assert_eq!(index.triggers.len(), MAX_TRIGGERS);
+        assert!(!index.knows_trigger("k1") && index.knows_trigger("s5"));
+        // A trigger run under another job's id is not cojob's.
+        index.active[0].run_id = crate::layout::trigger_run_id("other", "k1");
+        assert!(index.validate("j").unwrap_err().contains("trigger"));
+    }
+
+    #[test]
     fn the_single_decision_of_an_unscheduled_job_is_recorded_once() {
         let mut index = JobIndex::default();
         index.record_decisions(&[(None, Decision::RunId("j-once".into()))]);
@@ -360,6 +503,7 @@ mod tests {
             index.active.push(ActiveRun {
                 run_id: id.into(),
                 fire_time: None,
+                trigger: None,
             });
         }
         let limits = HistoryLimits {

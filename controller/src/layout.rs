@@ -6,6 +6,7 @@
 //! v1/jobs/<namespace>/<name>/<uid>/index                 the job's index (a doc): cursor, active and recent runs, counters
 //! v1/jobs/<namespace>/<name>/<uid>/ticks/<fire-time>     a claim: {"run_id"}, {"skipped"} or {"missed"}
 //! v1/jobs/<namespace>/<name>/<uid>/ticks/once            the one decision of a job without a schedule
+//! v1/jobs/<namespace>/<name>/<uid>/triggers/<key>        a claim: the decision of a manual run, once per key
 //! v1/jobs/<namespace>/<name>/<uid>/runs/<run-id>/lease   the run's lease; its state is a [`RunState`](crate::run::RunState)
 //! ```
 //!
@@ -58,6 +59,11 @@ impl JobKeys {
         }
     }
 
+    /// The decision claim of the manual run requested with trigger key `key`.
+    pub fn trigger(&self, key: &str) -> String {
+        format!("{}/triggers/{key}", self.base)
+    }
+
     /// The lease of a run.
     pub fn lease(&self, run_id: &str) -> String {
         format!("{}/runs/{run_id}/lease", self.base)
@@ -79,14 +85,73 @@ pub const RUN_ID_NAME_MAX: usize = 40;
 /// assert_eq!(run_id("migrate", None), "migrate-once");
 /// ```
 pub fn run_id(name: &str, fire_time: Option<DateTime<Utc>>) -> String {
-    let mut short: String = name.chars().take(RUN_ID_NAME_MAX).collect();
-    while short.ends_with('-') || short.ends_with('.') {
-        short.pop();
-    }
+    let short = run_id_name(name);
     match fire_time {
         Some(t) => format!("{short}-{}", t.timestamp()),
         None => format!("{short}-once"),
     }
+}
+
+/// The job-name part of a run id: cut to [`RUN_ID_NAME_MAX`], without a trailing `-` or `.`.
+fn run_id_name(name: &str) -> String {
+    let mut short: String = name.chars().take(RUN_ID_NAME_MAX).collect();
+    while short.ends_with('-') || short.ends_with('.') {
+        short.pop();
+    }
+    short
+}
+
+/// The deterministic run id of the manual run requested with trigger key `key`:
+/// `<name>-m<the first 12 hex digits of SHA-256(key)>`. Every replica, and a retried request,
+/// computes the same id; it never looks like a tick's (`m` is not a digit).
+///
+/// ```
+/// use cojob_controller::layout::trigger_run_id;
+/// let id = trigger_run_id("nightly", "deploy-4711");
+/// assert!(id.starts_with("nightly-m") && id.len() == "nightly-m".len() + 12, "{id}");
+/// assert_eq!(id, trigger_run_id("nightly", "deploy-4711"));
+/// assert_ne!(id, trigger_run_id("nightly", "deploy-4712"));
+/// ```
+pub fn trigger_run_id(name: &str, key: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    let hex: String = digest.as_ref()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}-m{hex}", run_id_name(name))
+}
+
+/// The annotation prefix that asks for a manual run: `trigger.cojob.dev/<key>` on a
+/// CoordinatedJob requests one run for `key`, exactly once per key and object (the annotation's
+/// value is free: who asked, and why). The controller removes the annotation once the decision
+/// is recorded.
+pub const TRIGGER_ANNOTATION_PREFIX: &str = "trigger.cojob.dev/";
+
+/// Checks a trigger key: what an annotation name allows (1 to 63 characters, letters, digits,
+/// `-`, `_` and `.`, beginning and ending with a letter or digit).
+///
+/// ```
+/// use cojob_controller::layout::check_trigger_key;
+/// assert!(check_trigger_key("release-2026.12.03_1").is_ok());
+/// assert!(check_trigger_key("-x").is_err() && check_trigger_key("a/b").is_err());
+/// assert!(check_trigger_key(&"k".repeat(64)).is_err() && check_trigger_key("").is_err());
+/// ```
+pub fn check_trigger_key(key: &str) -> Result<(), String> {
+    let edge_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let chars_ok = key
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if key.is_empty() || key.len() > 63 || !chars_ok {
+        return Err(format!(
+            "trigger key {key:?} must be 1 to 63 letters, digits, '-', '_' or '.'"
+        ));
+    }
+    if !edge_ok(key.chars().next()) || !edge_ok(key.chars().last()) {
+        return Err(format!(
+            "trigger key {key:?} must begin and end with a letter or digit"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -102,6 +167,8 @@ mod tests {
         // `<runId>-<epoch>` with a 3-digit epoch, plus "-holder" for the Secret's name.
         assert!(id.len() + 4 <= 63, "{id}");
         assert!(!id.contains("--"));
+        let manual = trigger_run_id(&name, &"k".repeat(63));
+        assert!(manual.len() + 4 <= 63, "{manual}");
     }
 
     #[test]
@@ -112,6 +179,7 @@ mod tests {
             keys.index(),
             keys.tick(Some(t)),
             keys.tick(None),
+            keys.trigger("deploy-1"),
             keys.lease("job-1"),
         ] {
             cojob::store::validate_key(&key).unwrap();

@@ -60,8 +60,10 @@ pub struct RunIdentity {
     pub epoch: u64,
     /// The attempt number, from 1.
     pub attempt: u32,
-    /// The tick, RFC 3339 UTC, or `once`.
+    /// The tick, RFC 3339 UTC, or `once`; for a manual run, when its trigger was decided.
     pub fire_time: String,
+    /// The trigger key of a manual run (`COJOB_TRIGGER`).
+    pub trigger: Option<String>,
     /// The name of this pod's holder Secret ([`new_holder_secret_name`]).
     pub secret: String,
     /// The lease's key in the bucket.
@@ -152,13 +154,17 @@ fn env(name: &str, value: impl Into<String>) -> EnvVar {
 }
 
 fn run_env(run: &RunIdentity) -> Vec<EnvVar> {
-    vec![
+    let mut vars = vec![
         env("COJOB_RUN_ID", &run.run_id),
         env("COJOB_EPOCH", run.epoch.to_string()),
         env("COJOB_FIRE_TIME", &run.fire_time),
         env("COJOB_ATTEMPT", run.attempt.to_string()),
         env("COJOB_LEASE_KEY", &run.lease_key),
-    ]
+    ];
+    if let Some(key) = &run.trigger {
+        vars.push(env("COJOB_TRIGGER", key));
+    }
+    vars
 }
 
 fn shared_mount() -> VolumeMount {
@@ -438,6 +444,7 @@ mod tests {
             epoch: 2,
             attempt: 2,
             fire_time: "2026-08-09T02:00:00.000000Z".into(),
+            trigger: None,
             lease_key: "v1/jobs/ns/nightly/runs/nightly-1786240800/lease".into(),
             secret: "nightly-1786240800-2-holder-abc123".into(),
         }

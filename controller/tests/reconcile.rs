@@ -398,6 +398,143 @@ async fn a_crash_between_any_two_steps_converges() {
     h.cleanup().await;
 }
 
+/// A manual run per trigger key: the key's claim decides it once (a repeated request starts
+/// nothing, even after the run ended), it goes through `concurrencyPolicy`, not `suspend`, and
+/// the annotation is removed once recorded.
+#[tokio::test]
+async fn a_trigger_runs_once_per_key_through_the_concurrency_policy() {
+    let h = Harness::new("it-trigger").await;
+    h.create_job(
+        "man",
+        json!({"schedule": "0 0 1 1 *", "concurrencyPolicy": "Forbid", "suspend": true}),
+    )
+    .await;
+    h.settle("man", 1).await;
+    assert!(h.job_pods("man").await.is_empty(), "nothing is due");
+    h.trigger("man", "deploy-1").await;
+    h.settle("man", 2).await;
+    let run = cojob_controller::layout::trigger_run_id("man", "deploy-1");
+    let pod = format!("{run}-1");
+    assert_eq!(
+        h.live_pod_names("man").await,
+        vec![pod.clone()],
+        "suspend does not stop it"
+    );
+    assert!(
+        h.pending_triggers("man").await.is_empty(),
+        "the annotation is removed"
+    );
+    let keys = h.keys("man").await;
+    let (claim, _) =
+        h.db.store()
+            .get(&keys.trigger("deploy-1"))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Decision>(&claim).unwrap(),
+        Decision::RunId(run.clone())
+    );
+    let created = h.pods().get(&pod).await.unwrap();
+    let env = created.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        env.iter()
+            .any(|e| e.name == "COJOB_TRIGGER" && e.value.as_deref() == Some("deploy-1")),
+        "{env:?}"
+    );
+    let s = status(&h.job("man").await);
+    assert_eq!(s.active[0].tick, "trigger/deploy-1");
+    assert!(
+        h.event_reasons("man")
+            .await
+            .iter()
+            .any(|r| r == "RunTriggered")
+    );
+
+    // The same key again, while the run is active: nothing new.
+    h.trigger("man", "deploy-1").await;
+    h.settle("man", 2).await;
+    assert_eq!(h.job_pods("man").await.len(), 1);
+    assert!(h.pending_triggers("man").await.is_empty());
+    // Another key while it runs: Forbid skips it.
+    h.trigger("man", "deploy-2").await;
+    h.settle("man", 2).await;
+    let (claim, _) =
+        h.db.store()
+            .get(&keys.trigger("deploy-2"))
+            .await
+            .unwrap()
+            .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Decision>(&claim).unwrap(),
+        Decision::Skipped("ConcurrencyForbid".into())
+    );
+    assert_eq!(h.job_pods("man").await.len(), 1);
+
+    // The run ends; asking with its key again still starts nothing, a new key runs.
+    h.finish_pod(&pod, 0).await;
+    h.settle("man", 2).await;
+    h.trigger("man", "deploy-1").await;
+    h.settle("man", 2).await;
+    assert_eq!(h.job_pods("man").await.len(), 1, "deploy-1 ran once");
+    h.trigger("man", "deploy-3").await;
+    h.settle("man", 2).await;
+    let third = cojob_controller::layout::trigger_run_id("man", "deploy-3");
+    let names: Vec<String> = h
+        .job_pods("man")
+        .await
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    let mut expected = vec![pod.clone(), format!("{third}-1")];
+    expected.sort();
+    assert_eq!(names, expected, "the finished run's pod and the new one");
+    let s = status(&h.job("man").await);
+    assert_eq!(
+        (s.counters.succeeded, s.counters.skipped, s.counters.active),
+        (1, 1, 1)
+    );
+    h.cleanup().await;
+}
+
+/// A crash anywhere while a trigger is decided, recorded and tidied converges on one run.
+#[tokio::test]
+async fn a_crash_while_deciding_a_trigger_converges() {
+    let h = Harness::new("it-trigger-crash").await;
+    let mut crashed_somewhere = 0;
+    for n in 0..8 {
+        let name = format!("t{n}");
+        h.create_job(&name, json!({"schedule": "0 0 1 1 *"})).await;
+        h.settle(&name, 1).await;
+        h.trigger(&name, "k").await;
+        let budget = Budget::crash_after(n);
+        let cx = h.context(&budget);
+        let _ = h.reconcile_with(&cx, &name).await;
+        if budget.crashed() {
+            crashed_somewhere += 1;
+        }
+        h.trigger(&name, "k").await; // asked again meanwhile
+        h.settle(&name, 3).await;
+        let run = cojob_controller::layout::trigger_run_id(&name, "k");
+        assert_eq!(
+            h.live_pod_names(&name).await,
+            vec![format!("{run}-1")],
+            "crash after {n}: one pod, epoch 1"
+        );
+        assert!(
+            h.pending_triggers(&name).await.is_empty(),
+            "crash after {n}"
+        );
+        let s = status(&h.job(&name).await);
+        assert_eq!(s.counters.active, 1, "crash after {n}");
+    }
+    assert!(crashed_somewhere >= 3, "{crashed_somewhere}");
+    h.cleanup().await;
+}
+
 /// I1 and I3 with two controllers reconciling the same job at the same instants.
 #[tokio::test]
 async fn two_controllers_at_once_keep_one_decision_and_one_epoch_per_run() {
@@ -927,6 +1064,7 @@ async fn an_index_with_a_forged_run_id_is_refused() {
     index.active.push(cojob_controller::index::ActiveRun {
         run_id: "victim-once".into(),
         fire_time: None,
+        trigger: None,
     });
     h.db.doc::<cojob_controller::index::JobIndex>(&key)
         .set(&index)

@@ -12,7 +12,9 @@
 //! 4. **Ticks** (`ticks`). The schedule in force is recorded (an edit applies from when it is
 //!    seen); every tick due since the cursor is claimed in the bucket with its decision, a run
 //!    id, a skip or a miss, after a quorum read of the object; a lost claim converges on the
-//!    winner's decision (G1). New runs are dispatched at once.
+//!    winner's decision (G1). **Triggers** (`triggers`): each `trigger.cojob.dev/<key>`
+//!    annotation is decided the same way, once per key, and removed once recorded. New runs are
+//!    dispatched at once.
 //! 5. **Garbage** (`gc`). Pods of runs that left the active list lose their result finalizer
 //!    once their outcome is recorded; pods of runs that left the history are deleted.
 //! 6. **Status** (`status`). The status is patched by server-side apply, only when it changed,
@@ -52,6 +54,7 @@ mod finalize;
 mod gc;
 mod status;
 mod ticks;
+mod triggers;
 
 pub use finalize::finalize;
 use finalize::set_finalizers;
@@ -345,7 +348,7 @@ async fn sweep(
                 phase,
             }) => out.active.push(RunStatus {
                 run_id: run.run_id.clone(),
-                tick: run.fire_time.clone().unwrap_or_else(|| "once".into()),
+                tick: run.tick_label(),
                 epoch: i64::try_from(epoch).unwrap_or(i64::MAX),
                 attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
                 pod,
@@ -468,6 +471,20 @@ async fn sync(
             i.record_decisions(&decisions);
         })
         .await?;
+    }
+    // Manual runs asked for by annotation, decided once per key.
+    let asked = triggers::requested(scope, said);
+    if !asked.is_empty() {
+        let decided = triggers::decide_triggers(scope, &asked, &index_of(&known), said).await?;
+        if !decided.is_empty() {
+            known = update_index(&doc, known, |i| {
+                for d in &decided {
+                    i.record_trigger(&d.key, &d.decision, now, d.ended);
+                }
+            })
+            .await?;
+        }
+        triggers::remove_recorded(scope, &asked, &index_of(&known)).await?;
     }
     let index = index_of(&known);
     let new_runs: Vec<ActiveRun> = index

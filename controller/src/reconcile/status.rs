@@ -76,7 +76,7 @@ pub(super) fn build_status(scope: &JobScope<'_>, synced: &Synced) -> Coordinated
         .iter()
         .map(|r| RunStatus {
             run_id: r.run_id.clone(),
-            tick: r.fire_time.clone().unwrap_or_else(|| "once".into()),
+            tick: r.tick_label(),
             epoch: i64::try_from(r.epoch).unwrap_or(i64::MAX),
             attempt: i32::try_from(r.attempt).unwrap_or(i32::MAX),
             pod: Some(format!("{}-{}", r.run_id, r.epoch)),

@@ -117,24 +117,41 @@ pub(super) async fn claim(
     proposal: Decision,
     said: &mut Announcements,
 ) -> Result<Decision, Error> {
-    let key = scope.keys.tick(tick);
-    let claim = scope.cx.db.claim(&key, &proposal).await?;
+    let at = tick.map_or_else(|| "once".to_string(), cojob::json::format_time);
+    let (decision, _) = claim_at(
+        scope,
+        &scope.keys.tick(tick),
+        &format!("tick {at}"),
+        proposal,
+        said,
+    )
+    .await?;
+    Ok(decision)
+}
+
+/// Claims the decision at `key` (what it decides is `what`, for people); returns the winner's
+/// and whether it is ours, announcing it when it is.
+pub(super) async fn claim_at(
+    scope: &JobScope<'_>,
+    key: &str,
+    what: &str,
+    proposal: Decision,
+    said: &mut Announcements,
+) -> Result<(Decision, bool), Error> {
+    let claim = scope.cx.db.claim(key, &proposal).await?;
     if claim.won {
         scope.cx.metrics.decided(match &claim.value {
             Decision::RunId(_) => crate::metrics::DecisionKind::Run,
             Decision::Skipped(_) => crate::metrics::DecisionKind::Skipped,
             Decision::Missed(_) => crate::metrics::DecisionKind::Missed,
         });
-        let at = tick.map_or_else(|| "once".to_string(), cojob::json::format_time);
         match &claim.value {
             Decision::RunId(id) => {
-                tracing::info!(job = %scope.name, tick = %at, run = %id, "tick claimed")
+                tracing::info!(job = %scope.name, decided = %what, run = %id, "claimed")
             }
-            Decision::Skipped(why) => {
-                said.normal("RunSkipped", format!("tick {at} skipped: {why}"))
-            }
-            Decision::Missed(why) => said.warning("RunMissed", format!("tick {at} missed: {why}")),
+            Decision::Skipped(why) => said.normal("RunSkipped", format!("{what} skipped: {why}")),
+            Decision::Missed(why) => said.warning("RunMissed", format!("{what} missed: {why}")),
         }
     }
-    Ok(claim.value)
+    Ok((claim.value, claim.won))
 }

@@ -178,6 +178,7 @@ pub async fn spawn(
         epoch,
         attempt,
         fire_time: run.fire_time.clone().unwrap_or_default(),
+        trigger: run.trigger.clone(),
         lease_key: scope.keys.lease(&run.run_id),
         secret: crate::pod::new_holder_secret_name(&run.run_id, epoch),
     };

@@ -340,6 +340,7 @@ fn finished(run: &ActiveRun, lease: Option<&LeaseInfo>, state: &RunState) -> Run
     RunReport::Finished(FinishedRun {
         run_id: run.run_id.clone(),
         fire_time: run.fire_time.clone(),
+        trigger: run.trigger.clone(),
         status: state.status,
         epoch: lease.map_or(0, |l| l.epoch),
         attempt: state.attempt,

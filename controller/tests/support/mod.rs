@@ -305,6 +305,30 @@ impl Harness {
         }
     }
 
+    /// Asks for a manual run with trigger key `key` (what `cojob trigger` does).
+    pub async fn trigger(&self, name: &str, key: &str) {
+        let annotation = format!(
+            "{}{key}",
+            cojob_controller::layout::TRIGGER_ANNOTATION_PREFIX
+        );
+        let patch = json!({"metadata": {"annotations": {annotation: "test"}}});
+        self.jobs()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("trigger {name}: {e}"));
+    }
+
+    /// The trigger keys still asked for in the job's annotations.
+    pub async fn pending_triggers(&self, name: &str) -> Vec<String> {
+        let prefix = cojob_controller::layout::TRIGGER_ANNOTATION_PREFIX;
+        self.job(name)
+            .await
+            .annotations()
+            .keys()
+            .filter_map(|k| k.strip_prefix(prefix).map(String::from))
+            .collect()
+    }
+
     /// The job's keys in the bucket.
     pub async fn keys(&self, name: &str) -> JobKeys {
         let job = self.job(name).await;
