@@ -7,6 +7,19 @@
 //! no container. What the schema cannot judge (a field that parses as 5 fields but is not cron)
 //! is reported by the controller through a `False` condition and an Event.
 
+/// The annotation prefix that asks for a manual run (`cojob trigger`):
+/// `trigger.cojob.dev/<key>` on a CoordinatedJob requests one run for `key`, exactly once per
+/// key and object. The value is free (who asked, and why). The controller removes the
+/// annotation once the decision is recorded; [`check_trigger_key`](crate::layout::check_trigger_key)
+/// says which keys are valid.
+pub const TRIGGER_ANNOTATION_PREFIX: &str = "trigger.cojob.dev/";
+
+/// The annotation prefix that asks to cancel an active run (`cojob cancel`):
+/// `cancel.cojob.dev/<run id>`. The run is cancelled as a deletion of the object would cancel
+/// it (the workload is asked to stop; a success that happened stays a success), and the
+/// annotation is removed once the run has ended.
+pub const CANCEL_ANNOTATION_PREFIX: &str = "cancel.cojob.dev/";
+
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};

@@ -121,12 +121,6 @@ pub fn trigger_run_id(name: &str, key: &str) -> String {
     format!("{}-m{hex}", run_id_name(name))
 }
 
-/// The annotation prefix that asks for a manual run: `trigger.cojob.dev/<key>` on a
-/// CoordinatedJob requests one run for `key`, exactly once per key and object (the annotation's
-/// value is free: who asked, and why). The controller removes the annotation once the decision
-/// is recorded.
-pub const TRIGGER_ANNOTATION_PREFIX: &str = "trigger.cojob.dev/";
-
 /// Checks a trigger key: what an annotation name allows (1 to 63 characters, letters, digits,
 /// `-`, `_` and `.`, beginning and ending with a letter or digit).
 ///

@@ -500,6 +500,44 @@ async fn a_trigger_runs_once_per_key_through_the_concurrency_policy() {
     h.cleanup().await;
 }
 
+/// `cancel.cojob.dev/<run>` cancels that run, as a deletion would, and is removed once the run
+/// ended; a request for a run that is not active is removed with a Warning.
+#[tokio::test]
+async fn a_cancel_request_cancels_the_run_and_is_then_removed() {
+    let h = Harness::new("it-cancel").await;
+    h.create_job("can", json!({"schedule": "0 0 1 1 *"})).await;
+    h.settle("can", 1).await;
+    h.trigger("can", "k").await;
+    h.settle("can", 1).await;
+    let run = cojob_controller::layout::trigger_run_id("can", "k");
+    assert_eq!(h.live_pod_names("can").await, vec![format!("{run}-1")]);
+    h.request_cancel("can", &run).await;
+    h.settle("can", 3).await;
+    let lease = h.lease("can", &run).await.unwrap();
+    assert_eq!(state(&lease).status.as_str(), "cancelled");
+    assert!(
+        h.live_pod_names("can").await.is_empty(),
+        "its pod is stopped"
+    );
+    let annotations = h.job("can").await.annotations().clone();
+    assert!(
+        !annotations
+            .keys()
+            .any(|k| k.starts_with("cancel.cojob.dev/")),
+        "{annotations:?}"
+    );
+    let s = status(&h.job("can").await);
+    assert_eq!((s.counters.cancelled, s.counters.active), (1, 0));
+    h.request_cancel("can", "can-m000000000000").await;
+    h.settle("can", 1).await;
+    assert!(h.job("can").await.annotations().is_empty());
+    let reasons = h.event_reasons("can").await;
+    for r in ["CancelDone", "CancelIgnored"] {
+        assert!(reasons.iter().any(|x| x == r), "{r} in {reasons:?}");
+    }
+    h.cleanup().await;
+}
+
 /// A crash anywhere while a trigger is decided, recorded and tidied converges on one run.
 #[tokio::test]
 async fn a_crash_while_deciding_a_trigger_converges() {

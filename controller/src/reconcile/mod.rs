@@ -50,6 +50,7 @@ use crate::pod::LABEL_JOB;
 use crate::schedule::{CatchUp, Schedule, ScheduleError};
 use crate::sweeper::{self, RunPods, RunReport, SweepError};
 
+mod cancels;
 mod finalize;
 mod gc;
 mod status;
@@ -442,6 +443,12 @@ async fn sync(
         .await?;
     }
 
+    // Cancels asked for by annotation.
+    let cancels = cancels::requested(scope);
+    if !cancels.is_empty() {
+        cancels::cancel_requested(scope, &cancels, &index_of(&known), &pods, said).await?;
+    }
+
     // Follow the schedule the spec has now: an edit applies from when it is seen.
     let now = db.clock().now();
     if let (Some(fingerprint), Some(expr)) = (schedule_fingerprint(spec), &spec.schedule) {
@@ -529,6 +536,28 @@ async fn sync(
         next,
         requeue: requeue.max(Duration::from_millis(100)),
     })
+}
+
+/// Removes the annotations `names` from the object (a request the controller carried out), by
+/// a merge patch; an object deleted meanwhile has nothing left to tidy.
+async fn remove_annotations(scope: &JobScope<'_>, names: Vec<String>) -> Result<(), Error> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    let nulls: serde_json::Map<String, serde_json::Value> = names
+        .into_iter()
+        .map(|n| (n, serde_json::Value::Null))
+        .collect();
+    let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
+    let patch = json!({"metadata": {"annotations": nulls}});
+    match api
+        .patch(&scope.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `concurrencyPolicy: Replace`: cancels every active run but the newest, on every pass until

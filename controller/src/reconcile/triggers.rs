@@ -8,7 +8,8 @@
 //! step, a re-applied manifest) finds its claim and starts nothing.
 
 use super::*;
-use crate::layout::{TRIGGER_ANNOTATION_PREFIX, check_trigger_key, trigger_run_id};
+use crate::crd::TRIGGER_ANNOTATION_PREFIX;
+use crate::layout::{check_trigger_key, trigger_run_id};
 use crate::run::RunState;
 use ticks::{claim_at, still_current};
 
@@ -101,28 +102,10 @@ pub(super) async fn remove_recorded(
     keys: &[String],
     index: &JobIndex,
 ) -> Result<(), Error> {
-    let done: serde_json::Map<String, serde_json::Value> = keys
+    let done = keys
         .iter()
         .filter(|k| index.knows_trigger(k))
-        .map(|k| {
-            (
-                format!("{TRIGGER_ANNOTATION_PREFIX}{k}"),
-                serde_json::Value::Null,
-            )
-        })
+        .map(|k| format!("{TRIGGER_ANNOTATION_PREFIX}{k}"))
         .collect();
-    if done.is_empty() {
-        return Ok(());
-    }
-    let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
-    let patch = json!({"metadata": {"annotations": done}});
-    match api
-        .patch(&scope.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Deleted meanwhile: nothing left to tidy.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    remove_annotations(scope, done).await
 }

@@ -307,10 +307,7 @@ impl Harness {
 
     /// Asks for a manual run with trigger key `key` (what `cojob trigger` does).
     pub async fn trigger(&self, name: &str, key: &str) {
-        let annotation = format!(
-            "{}{key}",
-            cojob_controller::layout::TRIGGER_ANNOTATION_PREFIX
-        );
+        let annotation = format!("{}{key}", cojob_controller::crd::TRIGGER_ANNOTATION_PREFIX);
         let patch = json!({"metadata": {"annotations": {annotation: "test"}}});
         self.jobs()
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -318,9 +315,22 @@ impl Harness {
             .unwrap_or_else(|e| panic!("trigger {name}: {e}"));
     }
 
+    /// Asks to cancel run `run_id` (what `cojob cancel` does).
+    pub async fn request_cancel(&self, name: &str, run_id: &str) {
+        let annotation = format!(
+            "{}{run_id}",
+            cojob_controller::crd::CANCEL_ANNOTATION_PREFIX
+        );
+        let patch = json!({"metadata": {"annotations": {annotation: "test"}}});
+        self.jobs()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("cancel {run_id}: {e}"));
+    }
+
     /// The trigger keys still asked for in the job's annotations.
     pub async fn pending_triggers(&self, name: &str) -> Vec<String> {
-        let prefix = cojob_controller::layout::TRIGGER_ANNOTATION_PREFIX;
+        let prefix = cojob_controller::crd::TRIGGER_ANNOTATION_PREFIX;
         self.job(name)
             .await
             .annotations()
