@@ -2,7 +2,7 @@
 //!
 //! A lease is the document `{"deadline_at":…,"epoch":…,"holder":…,"state":…}`, only ever
 //! replaced by compare-and-swap. `holder` records the holder's digest
-//! ([`holder_digest`](crate::holder_digest)), never the credential itself. Every acquisition bumps `epoch`, the fencing token. Every write
+//! ([`holder_digest`]), never the credential itself. Every acquisition bumps `epoch`, the fencing token. Every write
 //! through a [`Lease`] handle is guarded by the version the handle last saw; when the guard
 //! fails the handle re-reads and classifies: epoch advanced, holder changed or document gone
 //! means [`Error::LeaseLost`]; same epoch and holder means a cooperative write, whose state is
@@ -168,7 +168,7 @@ impl LeaseDoc {
 pub struct LeaseInfo {
     /// The fencing epoch of the current (or last) ownership period.
     pub epoch: u64,
-    /// The holder as recorded, `sha256:…` ([`holder_digest`](crate::holder_digest)), or `None`
+    /// The holder as recorded, `sha256:…` ([`holder_digest`]), or `None`
     /// after a release. Compare a holder with [`is_held_by`](Self::is_held_by).
     pub holder: Option<String>,
     /// When the current ownership period ends unless renewed.

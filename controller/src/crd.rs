@@ -257,7 +257,8 @@ pub struct CoordinatedJobStatus {
 pub struct RunStatus {
     /// The run's deterministic id.
     pub run_id: String,
-    /// The tick (fire time, RFC 3339 UTC), or `once` for an unscheduled job.
+    /// The tick (fire time, RFC 3339 UTC), `once` for an unscheduled job, or `trigger/<key>`
+    /// for a manual run.
     pub tick: String,
     /// The lease epoch of the current attempt.
     pub epoch: i64,

@@ -5,8 +5,9 @@
 //! - [`run`]: a run's state machine (pure); [`index`]: a job's index document in the bucket.
 //! - [`reconcile`]: ticks into claimed runs, status and Events; [`sweeper`]: drives each run
 //!   (dispatch, complete, steal, fence, cancel); [`pod`]: a run's pod.
-//! - [`sidecar`]: the lease keeper inside each pod; [`cli`]: the `controller` and `drain`
-//!   commands; [`context`]: what they share.
+//! - [`sidecar`]: the lease keeper inside each pod; [`cli`]: the command line (the operator's
+//!   commands, and `runs`, `why`, `trigger`, `cancel`, `suspend`, `resume` for people);
+//!   [`context`]: what they share.
 
 pub mod announce;
 pub mod cli;

@@ -166,6 +166,23 @@ impl Schedule {
             .map(|d| d.with_timezone(&Utc))
     }
 
+    /// The last fire time at or before `t`.
+    ///
+    /// ```
+    /// use cojob_controller::schedule::Schedule;
+    /// let s = Schedule::parse("0 2 * * *", None).unwrap();
+    /// let t = "2026-08-09T02:00:00Z".parse().unwrap();
+    /// assert_eq!(s.at_or_before(t), Some(t));
+    /// let later = "2026-08-09T03:00:00Z".parse().unwrap();
+    /// assert_eq!(s.at_or_before(later), Some(t));
+    /// ```
+    pub fn at_or_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.cron
+            .find_previous_occurrence(&t.with_timezone(&self.tz), true)
+            .ok()
+            .map(|d| d.with_timezone(&Utc))
+    }
+
     /// Fire times in `(after, until]`, oldest first, at most `limit + 1` of them (so a caller can
     /// tell that more were due).
     pub fn ticks_between(

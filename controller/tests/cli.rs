@@ -1,0 +1,266 @@
+//! The `cojob` command line (`runs`, `why`, `trigger`, `cancel`, `suspend`, `resume`) as a
+//! user runs it: the real binary, against the real kube-apiserver and S3 server, while the
+//! harness plays the controller (reconcile passes on a fake clock) and the kubelet.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use cojob_controller::index::Decision;
+use serde_json::{Value, json};
+use support::Harness;
+
+fn cojob(h: &Harness, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cojob"));
+    c.args(args)
+        .env("COJOB_BUCKET", &h.bucket)
+        .env("COJOB_LOG_FORMAT", "text")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Runs the CLI to completion (nothing plays the controller meanwhile).
+fn run(h: &Harness, args: &[&str]) -> Output {
+    cojob(h, args).output().expect("run cojob")
+}
+
+/// Runs the CLI while reconcile passes of `job` play the controller, until it exits.
+async fn run_with_controller(h: &Harness, job: &str, args: &[&str]) -> Output {
+    let mut child = cojob(h, args).spawn().expect("spawn cojob");
+    for _ in 0..300 {
+        if child.try_wait().expect("poll cojob").is_some() {
+            return child.wait_with_output().expect("cojob output");
+        }
+        h.settle(job, 1).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = child.kill();
+    panic!("cojob {args:?} did not finish");
+}
+
+fn ok_json(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON output")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[tokio::test]
+async fn runs_and_why_show_every_decision_of_a_schedule() {
+    let h = Harness::new("it-cli-runs").await;
+    h.create_job(
+        "tick",
+        json!({"schedule": "*/10 * * * * *", "catchUp": "Latest", "concurrencyPolicy": "Forbid"}),
+    )
+    .await;
+    h.settle("tick", 1).await;
+    h.advance(Duration::from_secs(35));
+    h.settle("tick", 2).await;
+    h.advance(Duration::from_secs(10));
+    h.settle("tick", 1).await;
+    let decisions = h.decisions("tick").await;
+    let job = format!("{}/tick", h.ns);
+
+    let rows = ok_json(&run(&h, &["runs", &job, "-o", "json", "--last", "0"]));
+    let rows = rows.as_array().expect("an array of rows");
+    assert_eq!(rows.len(), decisions.len(), "{rows:?}");
+    for (row, (tick, decision)) in rows.iter().zip(&decisions) {
+        assert_eq!(row["tick"], tick.as_str(), "in tick order");
+        let (kind, reason, run) = match decision {
+            Decision::RunId(id) => ("run", Value::Null, json!(id)),
+            Decision::Skipped(why) => ("skipped", json!(why), Value::Null),
+            Decision::Missed(why) => ("missed", json!(why), Value::Null),
+        };
+        assert_eq!(
+            (&row["decision"], &row["reason"], &row["run_id"]),
+            (&json!(kind), &reason, &run),
+            "{row}"
+        );
+    }
+    let ran = rows.iter().find(|r| r["decision"] == "run").expect("a run");
+    assert_eq!(ran["lease"]["epoch"], 1);
+    assert_eq!(ran["lease"]["state"]["status"], "pending");
+    let table = String::from_utf8(run(&h, &["runs", &job, "--last", "2"]).stdout).unwrap();
+    assert_eq!(
+        table.lines().count(),
+        3,
+        "a header and the 2 newest rows:\n{table}"
+    );
+    assert!(
+        table.starts_with("TICK") && table.contains("ConcurrencyForbid"),
+        "{table}"
+    );
+
+    // why, for each kind of decision and for ticks without one.
+    let why = |tick: &str| ok_json(&run(&h, &["why", &job, tick, "-o", "json"]));
+    for (tick, decision) in &decisions {
+        let answer = why(tick);
+        let verdict = match decision {
+            Decision::RunId(_) => "running",
+            Decision::Skipped(_) => "skipped",
+            Decision::Missed(_) => "missed",
+        };
+        assert_eq!(answer["verdict"], verdict, "{tick}: {answer}");
+    }
+    let skipped = decisions
+        .iter()
+        .find(|(_, d)| matches!(d, Decision::Skipped(_)))
+        .unwrap();
+    assert!(
+        why(&skipped.0)["explanation"]
+            .as_str()
+            .unwrap()
+            .contains("Forbid")
+    );
+    assert_eq!(why("2099-01-01T00:00:05Z")["verdict"], "not-a-tick");
+    assert_eq!(why("2099-01-01T00:00:10Z")["verdict"], "not-due");
+    assert_eq!(
+        why("2020-01-01T00:00:10Z")["verdict"],
+        "not-a-tick",
+        "before creation"
+    );
+    let said = text(&run(&h, &["why", &job, "2099-01-01T00:00:05Z"]));
+    assert!(
+        said.contains("2099-01-01T00:00:00.000000Z and 2099-01-01T00:00:10.000000Z"),
+        "{said}"
+    );
+
+    // Clear errors, never a panic.
+    let out = run(&h, &["runs", &format!("{}/nope", h.ns)]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("there is no CoordinatedJob"),
+        "{}",
+        text(&out)
+    );
+    let out = run(&h, &["why", &job, "yesterday"]);
+    assert!(
+        !out.status.success() && text(&out).contains("RFC 3339"),
+        "{}",
+        text(&out)
+    );
+    let out = run(
+        &h,
+        &["runs", &job, "--bucket", "s3://no-such-bucket-cojob/x"],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    h.cleanup().await;
+}
+
+#[tokio::test]
+async fn trigger_cancel_suspend_and_resume_ask_the_controller() {
+    let h = Harness::new("it-cli-ask").await;
+    h.create_job(
+        "man",
+        json!({"schedule": "0 0 1 1 *", "concurrencyPolicy": "Forbid"}),
+    )
+    .await;
+    h.settle("man", 1).await;
+    let job = format!("{}/man", h.ns);
+    let run_id = cojob_controller::layout::trigger_run_id("man", "deploy-7");
+
+    // A trigger, retried with the same key: one run.
+    for _ in 0..2 {
+        let out = run_with_controller(
+            &h,
+            "man",
+            &[
+                "trigger", &job, "--key", "deploy-7", "--wait", "30s", "-o", "json",
+            ],
+        )
+        .await;
+        let report = ok_json(&out);
+        assert_eq!(report["decision"], "run", "{report}");
+        assert_eq!(report["run_id"], run_id.as_str());
+    }
+    assert_eq!(h.live_pod_names("man").await, vec![format!("{run_id}-1")]);
+    // Another key while it runs: Forbid skips it, and says so.
+    let out = run_with_controller(
+        &h,
+        "man",
+        &["trigger", &job, "--key", "deploy-8", "-o", "json"],
+    )
+    .await;
+    let report = ok_json(&out);
+    assert_eq!(
+        (&report["decision"], &report["reason"]),
+        (&json!("skipped"), &json!("ConcurrencyForbid"))
+    );
+    let answer = ok_json(&run(&h, &["why", &job, "trigger/deploy-8", "-o", "json"]));
+    assert_eq!(answer["verdict"], "skipped");
+    let rows = ok_json(&run(&h, &["runs", &job, "-o", "json"]));
+    let ticks: Vec<&str> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["tick"].as_str().unwrap())
+        .collect();
+    assert_eq!(ticks, ["trigger/deploy-7", "trigger/deploy-8"]);
+    // Without a key, every call is a new request.
+    let out = run_with_controller(&h, "man", &["trigger", &job, "--wait", "0s"]).await;
+    assert!(text(&out).contains("trigger cli-"), "{}", text(&out));
+
+    // Cancel the active run.
+    let out = run_with_controller(&h, "man", &["cancel", &job, &run_id, "--wait", "30s"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("ended cancelled"), "{}", text(&out));
+    let lease = h.lease("man", &run_id).await.unwrap();
+    assert_eq!(
+        cojob_controller::run::RunState::parse(&lease.state)
+            .unwrap()
+            .status
+            .as_str(),
+        "cancelled"
+    );
+    let out = run_with_controller(
+        &h,
+        "man",
+        &["cancel", &job, "man-m000000000000", "--wait", "30s"],
+    )
+    .await;
+    assert!(
+        !out.status.success() && text(&out).contains("not an active run"),
+        "{}",
+        text(&out)
+    );
+
+    // Suspend and resume.
+    assert!(run(&h, &["suspend", "man", "-n", &h.ns]).status.success());
+    assert!(h.job("man").await.spec.suspend);
+    assert!(run(&h, &["resume", &job]).status.success());
+    assert!(!h.job("man").await.spec.suspend);
+
+    // Bad keys are refused before anything is asked.
+    let out = run(&h, &["trigger", &job, "--key", "bad/key"]);
+    assert!(
+        !out.status.success() && text(&out).contains("trigger key"),
+        "{}",
+        text(&out)
+    );
+    h.cleanup().await;
+}
+
+#[test]
+fn kubectl_cojob_is_the_same_command_line_as_a_plugin() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubectl-cojob"))
+        .args(["trigger", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("kubectl cojob trigger"), "{help}");
+    assert!(help.contains("--key"), "{help}");
+}
