@@ -20,6 +20,12 @@ pub const TRIGGER_ANNOTATION_PREFIX: &str = "trigger.cojob.dev/";
 /// annotation is removed once the run has ended.
 pub const CANCEL_ANNOTATION_PREFIX: &str = "cancel.cojob.dev/";
 
+/// The annotation prefix that asks to run the ticks of a past range (`cojob backfill`):
+/// `backfill.cojob.dev/<id>` with the value `{"from": "<RFC 3339>", "to": "<RFC 3339>",
+/// "parallelism": N}` (see [`crate::backfill`]). The annotation is removed once every tick of
+/// the range is decided and its runs ended.
+pub const BACKFILL_ANNOTATION_PREFIX: &str = "backfill.cojob.dev/";
+
 use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};

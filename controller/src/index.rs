@@ -31,7 +31,7 @@ pub enum Decision {
 }
 
 /// A run that has not reached a terminal phase.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ActiveRun {
     /// The run id.
     pub run_id: String,
@@ -42,6 +42,9 @@ pub struct ActiveRun {
     /// The trigger key of a manual run (`cojob trigger`); absent for a tick's run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trigger: Option<String>,
+    /// The backfill that started this run of a past tick ([`crate::backfill`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<String>,
 }
 
 impl ActiveRun {
@@ -169,9 +172,9 @@ impl JobIndex {
     /// ```
     /// use cojob_controller::index::{ActiveRun, JobIndex};
     /// let mut index = JobIndex::default();
-    /// index.active.push(ActiveRun { run_id: "nightly-once".into(), fire_time: None, trigger: None });
+    /// index.active.push(ActiveRun { run_id: "nightly-once".into(), ..Default::default() });
     /// assert!(index.validate("nightly").is_ok());
-    /// index.active.push(ActiveRun { run_id: "other-once".into(), fire_time: None, trigger: None });
+    /// index.active.push(ActiveRun { run_id: "other-once".into(), ..Default::default() });
     /// assert!(index.validate("nightly").unwrap_err().contains("other-once"));
     /// ```
     pub fn validate(&self, job: &str) -> Result<(), String> {
@@ -268,7 +271,7 @@ impl JobIndex {
                         self.active.push(ActiveRun {
                             run_id: run_id.clone(),
                             fire_time: tick.map(cojob::json::format_time),
-                            trigger: None,
+                            ..ActiveRun::default()
                         });
                     }
                 }
@@ -276,6 +279,40 @@ impl JobIndex {
                 Decision::Missed(_) => self.counters.missed += 1,
             }
         }
+    }
+
+    /// Records the decision of tick `tick` taken for backfill `id`. Such ticks are at or before
+    /// the cursor, which [`record_decisions`](Self::record_decisions) leaves alone. A run
+    /// becomes active unless it is known here or `ended` (its lease is terminal: it ran
+    /// before); other decisions were counted when they were made.
+    pub fn record_backfilled(
+        &mut self,
+        id: &str,
+        tick: DateTime<Utc>,
+        decision: &Decision,
+        ended: bool,
+    ) {
+        let Decision::RunId(run_id) = decision else {
+            return;
+        };
+        let known = self.active.iter().any(|r| &r.run_id == run_id)
+            || self.recent.iter().any(|r| &r.run_id == run_id);
+        if !known && !ended {
+            self.active.push(ActiveRun {
+                run_id: run_id.clone(),
+                fire_time: Some(cojob::json::format_time(tick)),
+                backfill: Some(id.to_string()),
+                ..ActiveRun::default()
+            });
+        }
+    }
+
+    /// The active runs backfill `id` started.
+    pub fn active_of_backfill(&self, id: &str) -> usize {
+        self.active
+            .iter()
+            .filter(|r| r.backfill.as_deref() == Some(id))
+            .count()
     }
 
     /// True when the decision of trigger `key` is recorded here.
@@ -310,6 +347,7 @@ impl JobIndex {
                         run_id: run_id.clone(),
                         fire_time: Some(cojob::json::format_time(at)),
                         trigger: Some(key.to_string()),
+                        ..ActiveRun::default()
                     });
                 }
             }
@@ -502,8 +540,7 @@ mod tests {
         for id in ids {
             index.active.push(ActiveRun {
                 run_id: id.into(),
-                fire_time: None,
-                trigger: None,
+                ..ActiveRun::default()
             });
         }
         let limits = HistoryLimits {

@@ -7,6 +7,7 @@
 //! v1/jobs/<namespace>/<name>/<uid>/ticks/<fire-time>     a claim: {"run_id"}, {"skipped"} or {"missed"}
 //! v1/jobs/<namespace>/<name>/<uid>/ticks/once            the one decision of a job without a schedule
 //! v1/jobs/<namespace>/<name>/<uid>/triggers/<key>        a claim: the decision of a manual run, once per key
+//! v1/jobs/<namespace>/<name>/<uid>/backfills/<id>        a doc: a backfill's range and progress
 //! v1/jobs/<namespace>/<name>/<uid>/runs/<run-id>/lease   the run's lease; its state is a [`RunState`](crate::run::RunState)
 //! ```
 //!
@@ -62,6 +63,11 @@ impl JobKeys {
     /// The decision claim of the manual run requested with trigger key `key`.
     pub fn trigger(&self, key: &str) -> String {
         format!("{}/triggers/{key}", self.base)
+    }
+
+    /// The progress document of backfill `id`.
+    pub fn backfill(&self, id: &str) -> String {
+        format!("{}/backfills/{id}", self.base)
     }
 
     /// The lease of a run.
@@ -174,6 +180,7 @@ mod tests {
             keys.tick(Some(t)),
             keys.tick(None),
             keys.trigger("deploy-1"),
+            keys.backfill("b-1"),
             keys.lease("job-1"),
         ] {
             cojob::store::validate_key(&key).unwrap();

@@ -10,6 +10,7 @@
 //!   [`context`]: what they share.
 
 pub mod announce;
+pub mod backfill;
 pub mod cli;
 pub mod context;
 pub mod crd;

@@ -253,6 +253,137 @@ async fn trigger_cancel_suspend_and_resume_ask_the_controller() {
     h.cleanup().await;
 }
 
+/// Runs the CLI while reconcile passes play the controller and every pod that runs is
+/// finished at once (the kubelet), until it exits.
+async fn run_with_controller_and_kubelet(h: &Harness, job: &str, args: &[&str]) -> Output {
+    let mut child = cojob(h, args).spawn().expect("spawn cojob");
+    for _ in 0..300 {
+        if child.try_wait().expect("poll cojob").is_some() {
+            return child.wait_with_output().expect("cojob output");
+        }
+        h.settle(job, 1).await;
+        for pod in h.job_pods(job).await {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+            if !matches!(phase.as_deref(), Some("Succeeded" | "Failed")) {
+                h.finish_pod(&kube::ResourceExt::name_any(&pod), 0).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = child.kill();
+    panic!("cojob {args:?} did not finish");
+}
+
+/// `cojob backfill`: a dry run says what would run; the real one runs exactly those ticks; a
+/// second, overlapping range runs only its new ticks.
+#[tokio::test]
+async fn backfill_runs_a_partly_decided_range_without_duplicates() {
+    let h = Harness::new("it-cli-backfill").await;
+    let created = h.now();
+    h.create_job(
+        "bf",
+        json!({"schedule": "*/10 * * * * *", "catchUp": "Latest"}),
+    )
+    .await;
+    h.settle("bf", 1).await;
+    h.advance(Duration::from_secs(35));
+    h.settle("bf", 2).await;
+    let job = format!("{}/bf", h.ns);
+    let time = |secs: i64| cojob::json::format_time(created + chrono::Duration::seconds(secs));
+    let (from, to) = (time(-40), time(25));
+
+    let plan = ok_json(&run(
+        &h,
+        &[
+            "backfill",
+            &job,
+            "--from",
+            &from,
+            "--to",
+            &to,
+            "--dry-run",
+            "-o",
+            "json",
+        ],
+    ));
+    let ticks = plan["ticks"].as_array().unwrap();
+    let would_run: Vec<&str> = ticks
+        .iter()
+        .filter(|t| t["plan"] == "run")
+        .map(|t| t["tick"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        would_run.len(),
+        4,
+        "the ticks before the job existed: {plan}"
+    );
+    assert!(ticks.iter().any(|t| t["plan"] == "decided"), "{plan}");
+    let before = h.decisions("bf").await.len();
+    assert_eq!(
+        before,
+        h.decisions("bf").await.len(),
+        "a dry run changes nothing"
+    );
+
+    let args = [
+        "backfill",
+        &job,
+        "--from",
+        &from,
+        "--to",
+        &to,
+        "--parallelism",
+        "2",
+        "--wait",
+        "60s",
+        "-o",
+        "json",
+    ];
+    let done = ok_json(&run_with_controller_and_kubelet(&h, "bf", &args).await);
+    assert_eq!(done["progress"]["done"], true, "{done}");
+    assert_eq!(done["progress"]["ran"], 4, "{done}");
+    let decisions: std::collections::BTreeMap<String, Decision> =
+        h.decisions("bf").await.into_iter().collect();
+    for tick in &would_run {
+        assert!(
+            matches!(decisions.get(*tick), Some(Decision::RunId(_))),
+            "{tick}"
+        );
+    }
+
+    // A wider range that overlaps the first: only its 3 new ticks run.
+    let wider = time(-70);
+    let args = [
+        "backfill", &job, "--from", &wider, "--to", &to, "--wait", "60s", "-o", "json",
+    ];
+    let done = ok_json(&run_with_controller_and_kubelet(&h, "bf", &args).await);
+    assert_eq!(
+        (&done["progress"]["done"], &done["progress"]["ran"]),
+        (&json!(true), &json!(3)),
+        "{done}"
+    );
+    let runs = h
+        .decisions("bf")
+        .await
+        .iter()
+        .filter(|(_, d)| matches!(d, Decision::RunId(_)))
+        .count();
+    h.settle("bf", 2).await;
+    let s = h.job("bf").await.status.unwrap();
+    assert_eq!(
+        (s.counters.succeeded, s.counters.active),
+        (runs as i64, 0),
+        "each run once"
+    );
+    // The table form of a dry run now plans nothing.
+    let out = run(
+        &h,
+        &["backfill", &job, "--from", &wider, "--to", &to, "--dry-run"],
+    );
+    assert!(text(&out).contains("dry run: 0 of"), "{}", text(&out));
+    h.cleanup().await;
+}
+
 #[test]
 fn kubectl_cojob_is_the_same_command_line_as_a_plugin() {
     let out = Command::new(env!("CARGO_BIN_EXE_kubectl-cojob"))

@@ -538,6 +538,168 @@ async fn a_cancel_request_cancels_the_run_and_is_then_removed() {
     h.cleanup().await;
 }
 
+/// A backfill runs each undecided tick of its range once, at most `parallelism` at a time,
+/// keeps the decision of every tick decided before, survives crashes at any point, and ends
+/// with its annotation removed and its progress stored.
+#[tokio::test]
+async fn a_backfill_runs_each_undecided_tick_once_and_keeps_decided_ones() {
+    let h = Harness::new("it-backfill").await;
+    let created = h.now();
+    h.create_job(
+        "bf",
+        json!({"schedule": "*/10 * * * * *", "catchUp": "Latest"}),
+    )
+    .await;
+    h.settle("bf", 1).await;
+    h.advance(Duration::from_secs(35));
+    h.settle("bf", 2).await;
+    // The schedule decided its ticks since creation: one run, the others superseded.
+    let before: std::collections::BTreeMap<String, Decision> =
+        h.decisions("bf").await.into_iter().collect();
+    assert!(before.len() >= 3, "{before:?}");
+    for pod in h.live_pod_names("bf").await {
+        h.finish_pod(&pod, 0).await;
+    }
+    h.settle("bf", 1).await;
+
+    let from = created - chrono::Duration::seconds(60);
+    let to = created + chrono::Duration::seconds(25);
+    let schedule = cojob_controller::schedule::Schedule::parse("*/10 * * * * *", None).unwrap();
+    let range = schedule.ticks_between(from - chrono::Duration::microseconds(1), to, 100);
+    let request = cojob_controller::backfill::BackfillRequest {
+        from,
+        to,
+        parallelism: 2,
+    };
+    h.annotate("bf", "backfill.cojob.dev/b1", &request.to_value())
+        .await;
+    let mut crashed = 0;
+    for i in 0..40 {
+        // A crash somewhere in every other pass; the healthy pass after it converges.
+        let budget = support::Budget::crash_after(i % 7);
+        let _ = h.reconcile_with(&h.context(&budget), "bf").await;
+        crashed += usize::from(budget.crashed());
+        h.settle("bf", 1).await;
+        let running: Vec<String> = h
+            .job_pods("bf")
+            .await
+            .into_iter()
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                !matches!(phase, Some("Succeeded" | "Failed"))
+            })
+            .map(|p| p.name_any())
+            .collect();
+        assert!(running.len() <= 2, "parallelism 2: {running:?}");
+        for pod in running {
+            h.finish_pod(&pod, 0).await;
+        }
+        if !h
+            .job("bf")
+            .await
+            .annotations()
+            .contains_key("backfill.cojob.dev/b1")
+        {
+            break;
+        }
+    }
+    assert!(crashed > 3, "{crashed}");
+    assert!(
+        !h.job("bf")
+            .await
+            .annotations()
+            .contains_key("backfill.cojob.dev/b1"),
+        "the backfill ended"
+    );
+    let after: std::collections::BTreeMap<String, Decision> =
+        h.decisions("bf").await.into_iter().collect();
+    let mut ran = 0;
+    for t in &range {
+        let key = cojob::json::format_time(*t);
+        let decision = after.get(&key).unwrap_or_else(|| panic!("{key} decided"));
+        match before.get(&key) {
+            Some(old) => assert_eq!(decision, old, "{key}: decided before, kept"),
+            None => {
+                let run = cojob_controller::layout::run_id("bf", Some(*t));
+                assert_eq!(decision, &Decision::RunId(run.clone()), "{key}");
+                let lease = h.lease("bf", &run).await.expect("it ran");
+                assert_eq!(
+                    (lease.epoch, state(&lease).status.as_str()),
+                    (1, "succeeded"),
+                    "{key}"
+                );
+                ran += 1;
+            }
+        }
+    }
+    assert!(ran >= 5, "ticks before the job existed ran: {ran}");
+    // Every run succeeded once, at epoch 1 (above), and was counted once.
+    let runs_started = after
+        .values()
+        .filter(|d| matches!(d, Decision::RunId(_)))
+        .count();
+    let s = status(&h.job("bf").await);
+    assert_eq!(
+        (s.counters.succeeded, s.counters.active),
+        (runs_started as i64, 0)
+    );
+    let pods = h.job_pods("bf").await.len();
+    let keys = h.keys("bf").await;
+    let progress =
+        h.db.doc::<cojob_controller::backfill::BackfillProgress>(&keys.backfill("b1"))
+            .get()
+            .await
+            .unwrap()
+            .unwrap()
+            .0;
+    assert!(progress.done);
+    assert_eq!(
+        progress.ran + progress.already_decided,
+        range.len() as u64,
+        "{progress:?}"
+    );
+    assert!(
+        h.event_reasons("bf")
+            .await
+            .iter()
+            .any(|r| r == "BackfillDone")
+    );
+
+    // Asked again: nothing runs again.
+    h.annotate("bf", "backfill.cojob.dev/b1", &request.to_value())
+        .await;
+    h.settle("bf", 2).await;
+    assert_eq!(h.job_pods("bf").await.len(), pods);
+    assert_eq!(status(&h.job("bf").await).counters.active, 0);
+    assert!(
+        !h.job("bf")
+            .await
+            .annotations()
+            .contains_key("backfill.cojob.dev/b1")
+    );
+    // A bad request is refused with a Warning and removed.
+    h.annotate(
+        "bf",
+        "backfill.cojob.dev/bad",
+        r#"{"from":"2026-01-02T00:00:00Z","to":"2026-01-01T00:00:00Z"}"#,
+    )
+    .await;
+    h.settle("bf", 1).await;
+    assert!(
+        !h.job("bf")
+            .await
+            .annotations()
+            .contains_key("backfill.cojob.dev/bad")
+    );
+    assert!(
+        h.event_reasons("bf")
+            .await
+            .iter()
+            .any(|r| r == "InvalidBackfill")
+    );
+    h.cleanup().await;
+}
+
 /// A crash anywhere while a trigger is decided, recorded and tidied converges on one run.
 #[tokio::test]
 async fn a_crash_while_deciding_a_trigger_converges() {
@@ -1101,8 +1263,7 @@ async fn an_index_with_a_forged_run_id_is_refused() {
     let mut index = cojob_controller::index::JobIndex::default();
     index.active.push(cojob_controller::index::ActiveRun {
         run_id: "victim-once".into(),
-        fire_time: None,
-        trigger: None,
+        ..Default::default()
     });
     h.db.doc::<cojob_controller::index::JobIndex>(&key)
         .set(&index)

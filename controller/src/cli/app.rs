@@ -62,6 +62,8 @@ enum Command {
     Why(super::why::WhyArgs),
     /// Asks for a manual run, exactly once per key.
     Trigger(super::ask::TriggerArgs),
+    /// Runs the ticks of a past range, each at most once (or, with --dry-run, says which).
+    Backfill(super::backfill::BackfillArgs),
     /// Cancels an active run.
     Cancel(super::ask::CancelArgs),
     /// Suspends a CoordinatedJob's schedule (due ticks are skipped; runs continue).
@@ -156,6 +158,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Runs(args) => super::runs::run(args).await,
         Command::Why(args) => super::why::run(args).await,
         Command::Trigger(args) => super::ask::trigger(args).await,
+        Command::Backfill(args) => super::backfill::run(args).await,
         Command::Cancel(args) => super::ask::cancel(args).await,
         Command::Suspend(args) => super::ask::set_suspended(args, true).await,
         Command::Resume(args) => super::ask::set_suspended(args, false).await,

@@ -5,12 +5,14 @@
 //! - [`target`]: how a command finds its CoordinatedJob (kubeconfig) and its bucket.
 //! - [`runs`], [`why`]: a job's history and the reason for one tick's decision, read from the
 //!   bucket.
-//! - [`ask`]: `trigger`, `cancel`, `suspend` and `resume`, which ask the controller through
-//!   the CoordinatedJob (annotations, `spec.suspend`); the CLI never writes to the bucket.
+//! - [`ask`]: `trigger`, `cancel`, `suspend` and `resume`, and [`backfill`](mod@backfill),
+//!   which ask the controller through the CoordinatedJob (annotations, `spec.suspend`); the
+//!   CLI never writes to the bucket.
 //! - [`table`]: plain-text tables.
 
 pub mod app;
 pub mod ask;
+pub mod backfill;
 pub mod operator;
 pub mod runs;
 pub mod smoke;

@@ -50,6 +50,7 @@ use crate::pod::LABEL_JOB;
 use crate::schedule::{CatchUp, Schedule, ScheduleError};
 use crate::sweeper::{self, RunPods, RunReport, SweepError};
 
+mod backfills;
 mod cancels;
 mod finalize;
 mod gc;
@@ -493,6 +494,23 @@ async fn sync(
         }
         triggers::remove_recorded(scope, &asked, &index_of(&known)).await?;
     }
+    // Backfills asked for by annotation, a few ticks per pass.
+    let asked = backfills::requested(scope);
+    let mut backfilling = false;
+    if !asked.is_empty() {
+        let steps =
+            backfills::decide(scope, schedule, &asked, &index_of(&known), now, said).await?;
+        if steps.iter().any(backfills::Step::decided_any) {
+            known = update_index(&doc, known, |i| {
+                for step in &steps {
+                    step.record(i);
+                }
+            })
+            .await?;
+        }
+        backfilling =
+            backfills::finish(scope, schedule, steps, &index_of(&known), now, said).await?;
+    }
     let index = index_of(&known);
     let new_runs: Vec<ActiveRun> = index
         .active
@@ -519,6 +537,9 @@ async fn sync(
     let until_next =
         next.map(|n| (n - now).to_std().unwrap_or_default() + Duration::from_millis(50));
     let mut requeue = until_next.unwrap_or(IDLE_RESYNC).min(IDLE_RESYNC);
+    if backfilling {
+        requeue = requeue.min(Duration::from_secs(1)); // more ticks of a backfill to decide
+    }
     if !index.active.is_empty() {
         // At least every sweep interval, and every third of the ttl, so a pending pod's lease
         // is renewed in time and an expired one is found within ttl + ttl/3.
@@ -560,7 +581,7 @@ async fn remove_annotations(scope: &JobScope<'_>, names: Vec<String>) -> Result<
     }
 }
 
-/// `concurrencyPolicy: Replace`: cancels every active run but the newest, on every pass until
+/// `concurrencyPolicy: Replace`: cancels every active run but the newest (backfills aside), on every pass until
 /// they are cancelled, so a crash or a failed cancel is retried.
 async fn replace_older_runs(
     scope: &JobScope<'_>,
@@ -568,15 +589,13 @@ async fn replace_older_runs(
     pods: &BTreeMap<String, RunPods>,
     said: &mut Announcements,
 ) -> Result<(), Error> {
-    let Some(newest) = index
-        .active
-        .iter()
-        .max_by(|a, b| a.fire_time.cmp(&b.fire_time))
-    else {
+    // A backfill's runs are paced by its own parallelism, not replaced.
+    let scheduled = || index.active.iter().filter(|r| r.backfill.is_none());
+    let Some(newest) = scheduled().max_by(|a, b| a.fire_time.cmp(&b.fire_time)) else {
         return Ok(());
     };
     let empty = RunPods::new();
-    for old in index.active.iter().filter(|r| r.run_id != newest.run_id) {
+    for old in scheduled().filter(|r| r.run_id != newest.run_id) {
         let done = sweeper::cancel_run(scope, old, pods.get(&old.run_id).unwrap_or(&empty)).await?;
         if done {
             said.normal(

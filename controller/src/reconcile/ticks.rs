@@ -38,22 +38,7 @@ pub(super) async fn decide_ticks(
         .await?;
         return Ok((vec![(None, decision)], None, None));
     };
-    let created = scope
-        .job
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()))
-        .unwrap_or(now);
-    // The status mirrors the cursor, so an index lost to a bucket lifecycle rule (or a
-    // restore) never makes old ticks due again.
-    let mirrored = scope
-        .job
-        .status
-        .as_ref()
-        .and_then(|s| s.last_schedule_time.as_ref())
-        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()));
-    let since = index.cursor_time().max(mirrored).unwrap_or(created);
+    let since = schedule_since(scope, index, now);
     let catch_up = match spec.catch_up {
         CatchUpPolicy::Latest => CatchUp::Latest,
         CatchUpPolicy::All => CatchUp::All,
@@ -91,6 +76,31 @@ pub(super) async fn decide_ticks(
         out.push((Some(t), decision));
     }
     Ok((out, plan.next, plan.missed_before))
+}
+
+/// Where the schedule's own ticks begin: after the index's cursor, or the one mirrored in the
+/// status, or the object's creation. Earlier ticks are decided, or a backfill's.
+pub(super) fn schedule_since(
+    scope: &JobScope<'_>,
+    index: &JobIndex,
+    now: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let created = scope
+        .job
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()))
+        .unwrap_or(now);
+    // The status mirrors the cursor, so an index lost to a bucket lifecycle rule (or a
+    // restore) never makes old ticks due again.
+    let mirrored = scope
+        .job
+        .status
+        .as_ref()
+        .and_then(|s| s.last_schedule_time.as_ref())
+        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()));
+    index.cursor_time().max(mirrored).unwrap_or(created)
 }
 
 /// A quorum read of the object before anything is claimed for it: the informer's copy may lag,

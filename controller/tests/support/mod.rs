@@ -315,6 +315,20 @@ impl Harness {
             .unwrap_or_else(|e| panic!("trigger {name}: {e}"));
     }
 
+    /// Sets annotation `name` on the job (an empty value removes it).
+    pub async fn annotate(&self, job: &str, name: &str, value: &str) {
+        let value = if value.is_empty() {
+            Value::Null
+        } else {
+            json!(value)
+        };
+        let patch = json!({"metadata": {"annotations": {name: value}}});
+        self.jobs()
+            .patch(job, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("annotate {job}: {e}"));
+    }
+
     /// Asks to cancel run `run_id` (what `cojob cancel` does).
     pub async fn request_cancel(&self, name: &str, run_id: &str) {
         let annotation = format!(
