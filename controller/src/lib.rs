@@ -25,4 +25,5 @@ pub mod schedule;
 pub mod sidecar;
 pub mod skew;
 pub mod sweeper;
+pub mod workload;
 pub mod wrap;

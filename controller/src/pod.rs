@@ -160,6 +160,7 @@ fn run_env(run: &RunIdentity) -> Vec<EnvVar> {
         env("COJOB_FIRE_TIME", &run.fire_time),
         env("COJOB_ATTEMPT", run.attempt.to_string()),
         env("COJOB_LEASE_KEY", &run.lease_key),
+        env("COJOB_API", crate::workload::api_address()),
     ];
     if let Some(key) = &run.trigger {
         vars.push(env("COJOB_TRIGGER", key));

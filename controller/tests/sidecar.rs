@@ -35,6 +35,19 @@ fn spawn_epoch(r: &Rig, key: &str, holder: &str, epoch: u64) -> Child {
 
 /// The sidecar of the pod with `uid`, showing its files in `shared`.
 fn spawn_pod(r: &Rig, key: &str, holder: &str, epoch: u64, uid: &str, shared: &Path) -> Child {
+    spawn_with_ttl(r, key, holder, epoch, uid, shared, TTL)
+}
+
+/// Like [`spawn_pod`], renewing every third of `ttl`.
+fn spawn_with_ttl(
+    r: &Rig,
+    key: &str,
+    holder: &str,
+    epoch: u64,
+    uid: &str,
+    shared: &Path,
+    ttl: Duration,
+) -> Child {
     Command::new(env!("CARGO_BIN_EXE_cojob"))
         .arg("sidecar")
         .env(
@@ -44,7 +57,7 @@ fn spawn_pod(r: &Rig, key: &str, holder: &str, epoch: u64, uid: &str, shared: &P
         .env("COJOB_LEASE_KEY", key)
         .env("COJOB_EPOCH", epoch.to_string())
         .env("COJOB_HOLDER", holder)
-        .env("COJOB_LEASE_TTL_SECONDS", TTL.as_secs().to_string())
+        .env("COJOB_LEASE_TTL_SECONDS", ttl.as_secs().to_string())
         .env("COJOB_SHARED_DIR", shared)
         .env("POD_UID", uid)
         .env("POD_NAME", "run-1-1")
@@ -351,4 +364,169 @@ async fn attaches_when_its_clock_runs_ahead_of_the_writer() {
     assert_eq!(doc["epoch"], 1);
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// `cojob api` or `cojob step` in a workload container of the pod whose volume is `shared`:
+/// (exit code, stdout).
+fn workload(shared: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_cojob"))
+        .args(args)
+        .env("COJOB_API", format!("unix:{}/api.sock", shared.display()))
+        .env("COJOB_LOG_FORMAT", "text")
+        .current_dir(shared)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+fn reply(out: &(i32, String)) -> serde_json::Value {
+    serde_json::from_str(out.1.trim()).unwrap_or_else(|e| panic!("{out:?}: {e}"))
+}
+
+/// The workload API: the run's identity, merged progress, fence tokens, and step checkpoints
+/// that a respawned attempt gets back instead of running again; every call of a fenced
+/// attempt is refused (409, exit 3).
+#[tokio::test]
+async fn the_workload_api_checkpoints_steps_across_attempts_and_fences_stale_ones() {
+    let r = rig().await;
+    let holder = cojob::new_holder();
+    let key = "v1/jobs/ns/j/uid/runs/j-1/lease";
+    let ttl = Duration::from_secs(30); // renewals 10 s apart: none during the checks
+    let state = |attempt: u32| json!({"status": "pending", "attempt": attempt, "run_id": "j-1"});
+    r.db.lease(
+        key,
+        LeaseOptions::new(holder.clone(), ttl).state_fn(move |_| Ok(state(1))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let first_dir = tempfile::tempdir().unwrap();
+    let first = first_dir.path();
+    let mut one = spawn_with_ttl(&r, key, &holder, 1, "uid-1", first, ttl);
+    until("attached", Duration::from_secs(10), async || {
+        first.join("attached").exists()
+    })
+    .await;
+
+    let run = reply(&workload(first, &["api", "GET", "/v1/run"]));
+    assert_eq!(
+        (&run["run_id"], &run["epoch"], &run["attempt"]),
+        (&json!("j-1"), &json!(1), &json!(1))
+    );
+    assert_eq!(run["lease_lost"], false);
+    // Progress merges into the lease state.
+    assert_eq!(
+        workload(first, &["api", "PUT", "/v1/progress", r#"{"rows": 10}"#]).0,
+        0
+    );
+    let merged = reply(&workload(
+        first,
+        &["api", "PUT", "/v1/progress", r#"{"phase": "load"}"#],
+    ));
+    assert_eq!(merged["progress"], json!({"rows": 10, "phase": "load"}));
+    assert_eq!(
+        lease_doc(&r.db, key).await["state"]["progress"],
+        json!({"rows": 10, "phase": "load"})
+    );
+    let bad = workload(first, &["api", "PUT", "/v1/progress", "[1]"]);
+    assert_eq!(bad.0, 1, "{bad:?}");
+    // Fence tokens.
+    assert_eq!(
+        workload(first, &["api", "POST", "/v1/fence", r#"{"token": 1}"#]).0,
+        0
+    );
+    assert_eq!(
+        workload(first, &["api", "POST", "/v1/fence", r#"{"token": 7}"#]).0,
+        3
+    );
+
+    // A step runs once; asked again, its output comes back without running it.
+    let step = [
+        "step",
+        "extract",
+        "--",
+        "sh",
+        "-c",
+        "echo ran >> count; echo rows=42",
+    ];
+    assert_eq!(workload(first, &step), (0, "rows=42\n".into()));
+    assert_eq!(workload(first, &step), (0, "rows=42\n".into()));
+    assert_eq!(
+        std::fs::read_to_string(first.join("count")).unwrap(),
+        "ran\n"
+    );
+    // A failing step is not recorded: the next attempt runs it again.
+    let failing = [
+        "step",
+        "load",
+        "--",
+        "sh",
+        "-c",
+        "echo tried >> tries; exit 4",
+    ];
+    assert_eq!(workload(first, &failing).0, 4);
+    assert_eq!(
+        workload(first, &["api", "GET", "/v1/steps/load"]).0,
+        1,
+        "404: not recorded"
+    );
+
+    // The run is taken over: a new epoch. The first attempt is fenced at its next call.
+    r.db.lease(
+        key,
+        LeaseOptions::new(holder.clone(), ttl).state_fn(move |_| Ok(state(2))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        workload(first, &["api", "PUT", "/v1/progress", r#"{"rows": 11}"#]).0,
+        3
+    );
+    assert_eq!(
+        workload(first, &step).0,
+        3,
+        "a fenced attempt records no step"
+    );
+    assert_eq!(
+        reply(&workload(first, &["api", "GET", "/v1/run"]))["lease_lost"],
+        true
+    );
+    let _ = one.kill();
+    let _ = one.wait();
+
+    // The respawned attempt gets the first attempt's step output back, without running it.
+    let second_dir = tempfile::tempdir().unwrap();
+    let second = second_dir.path();
+    let mut two = spawn_with_ttl(&r, key, &holder, 2, "uid-2", second, ttl);
+    until("attached", Duration::from_secs(10), async || {
+        second.join("attached").exists()
+    })
+    .await;
+    assert_eq!(workload(second, &step), (0, "rows=42\n".into()));
+    assert!(!second.join("count").exists(), "the step did not run again");
+    let retried = ["step", "load", "--", "sh", "-c", "echo loaded"];
+    assert_eq!(workload(second, &retried), (0, "loaded\n".into()));
+    assert_eq!(
+        workload(second, &["api", "POST", "/v1/fence", r#"{"token": 2}"#]).0,
+        0
+    );
+    assert_eq!(
+        workload(second, &["api", "POST", "/v1/fence", r#"{"token": 1}"#]).0,
+        3
+    );
+    let stored =
+        r.db.store()
+            .get("v1/jobs/ns/j/uid/runs/j-1/steps/extract")
+            .await
+            .unwrap();
+    assert!(
+        stored.is_some(),
+        "the step's claim is under the run's folder"
+    );
+    let _ = two.kill();
+    let _ = two.wait();
 }

@@ -86,6 +86,11 @@ enum Command {
     },
     /// Writes a workload's result fenced by its attempt's epoch (exit 3: a newer attempt wrote).
     FencedPut(crate::fence::FencedPutArgs),
+    /// Runs a workload command as a step of the run, once per run: an attempt after a respawn
+    /// gets the first attempt's output back instead of running it again.
+    Step(crate::workload::StepArgs),
+    /// Calls the workload API of the run's sidecar (GET /v1/run, PUT /v1/progress, …).
+    Api(crate::workload::CallArgs),
     /// Runs a workload command under the lease's self-fence (the pod builder prefixes each
     /// workload container's command with it).
     Wrap(crate::wrap::Args),
@@ -180,6 +185,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::FencedPut(args) => {
             let code = crate::fence::run(args).await?;
+            std::process::exit(code);
+        }
+        Command::Step(args) => {
+            let code = crate::workload::run_step(args).await?;
+            std::process::exit(code);
+        }
+        Command::Api(args) => {
+            let code = crate::workload::run_call(args).await?;
             std::process::exit(code);
         }
         Command::Wrap(args) => {

@@ -13,7 +13,9 @@
 //! - `renewed` holds the node's boot-time clock (ms) at which the last successful renewal was
 //!   sent, so the workload's wrapper ([`crate::wrap`]) kills the workload once the deadline
 //!   it implies passed, even if this sidecar is frozen;
-//! - `cojob` is a copy of this binary, the wrapper the workload's command runs under.
+//! - `cojob` is a copy of this binary, the wrapper the workload's command runs under;
+//! - `api.sock` serves the workload API ([`api`]): the run's identity, progress, step
+//!   checkpoints and fence checks, fenced by this attempt's epoch.
 //!
 //! It attaches to its own epoch only, so a pod never serves another attempt even if a holder
 //! were reused, and it ignores the lease's deadline when attaching (a node clock running ahead
@@ -24,10 +26,15 @@
 //! On SIGTERM (the kubelet stops native sidecars after the workload ends) it exits 0 without
 //! releasing: the controller releases the lease with the pod's final state.
 
+pub mod api;
+
 use cojob::{Db, Error};
 use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tokio::sync::Mutex;
 
 /// The file the sidecar writes in the shared volume once it holds the lease; its startup
 /// probe waits for it, so the workload never starts without a lease.
@@ -217,9 +224,27 @@ pub async fn run(
         epoch = lease.epoch(),
         "sidecar attached"
     );
+    // The workload API is up before the workload can start.
+    let run_folder = args
+        .lease_key
+        .strip_suffix("/lease")
+        .unwrap_or(&args.lease_key)
+        .to_string();
+    let lease = Arc::new(Mutex::new(lease));
+    let shared = Arc::new(api::Shared {
+        lease: lease.clone(),
+        db: db.clone(),
+        run_folder,
+        epoch: args.epoch,
+        lease_key: args.lease_key.clone(),
+        lost: Default::default(),
+    });
+    let api_task = api::serve(dir, shared.clone())
+        .map_err(|e| anyhow::anyhow!("cannot serve the workload API in {}: {e}", dir.display()))?;
+    let _api = AbortOnDrop(api_task);
     if first.is_ok() {
         // The startup probe (`cojob ready`) passes from now on, and the workload starts.
-        mark(dir, ATTACHED_FILE, &format!("{}\n", lease.epoch()));
+        mark(dir, ATTACHED_FILE, &format!("{}\n", args.epoch));
     }
     tokio::pin!(shutdown);
     let mut result = first;
@@ -238,9 +263,10 @@ pub async fn run(
                     renewed_ms = sent_ms;
                     show_renewal(dir, renewed_ms);
                 }
-                show_cancel(dir, lease.state());
+                show_cancel(dir, lease.lock().await.state());
             }
             Err(Error::LeaseLost { reason, .. }) => {
+                shared.lost.store(true, Ordering::SeqCst);
                 tracing::warn!(key = args.lease_key, %reason, "lease lost; stopping renewal");
                 mark(dir, "lease_lost", &format!("{reason}\n"));
                 return Ok(Outcome::LeaseLost);
@@ -248,6 +274,7 @@ pub async fn run(
             Err(e) if crate::wrap::boot_clock_ms().saturating_sub(renewed_ms) >= ttl_ms => {
                 // A whole ttl without a renewal, by this process's monotonic clock: the
                 // controller may take the run over from now on. Tell the workload, and stop.
+                shared.lost.store(true, Ordering::SeqCst);
                 tracing::warn!(key = args.lease_key, error = %e, "no renewal for a whole ttl; the lease is presumed lost");
                 mark(
                     dir,
@@ -262,7 +289,7 @@ pub async fn run(
             () = &mut shutdown => {
                 // One last renewal gives the controller a full ttl to see the pod end and
                 // release with its result, instead of finding the lease expired.
-                if let Err(e) = lease.renew().await {
+                if let Err(e) = lease.lock().await.renew().await {
                     tracing::warn!(key = args.lease_key, error = %e, "last renewal failed");
                 }
                 tracing::info!("stopping on signal; the controller releases the lease");
@@ -271,8 +298,17 @@ pub async fn run(
             () = tokio::time::sleep(pause) => {}
         }
         sent_ms = crate::wrap::boot_clock_ms();
-        result = lease.renew().await;
+        result = lease.lock().await.renew().await;
         from_renewal = true;
+    }
+}
+
+/// Stops the workload API when the sidecar's loop ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
