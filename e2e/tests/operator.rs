@@ -20,11 +20,14 @@
 //! k. tenants: two namespaces with their own scoped S3 users; every attack of one tenant on
 //!    the other, on the controller's credentials or through the controller is refused
 //!    (`operator/tenant.rs`);
+//! l. the workload API across a respawn (a step checkpointed by `cojob step` is not run again,
+//!    on a ledger) and the command line as the kubectl plugin (`kubectl cojob trigger` twice
+//!    runs once; `runs` and `why` report it) (`operator/workload.rs`);
 //! j. the CRD deleted while a run is active: the run is cancelled, its pod stopped, the CRD
 //!    goes and the controller stays up (`operator/crd_gone.rs`);
 //! g. `helm uninstall` (its pre-delete hook drains every CoordinatedJob) leaves nothing behind.
 //!
-//! b–e, h, i and k run concurrently, each in its own namespace; f scales the controller down, so it
+//! b–e, h, i, k and l run concurrently, each in its own namespace; f scales the controller down, so it
 //! runs after them, then the chaos suite, then j (it deletes the CRD); g runs last. (Invalid specs rejected at
 //! apply time are covered by `crd.rs`.) A failing step reports the pods, events, bucket state
 //! and controller logs it saw; the controller's whole log is copied under `target/tmp/`.
@@ -65,6 +68,8 @@ mod faults;
 mod fence;
 #[path = "operator/tenant.rs"]
 mod tenant;
+#[path = "operator/workload.rs"]
+mod workload;
 
 /// The release; its name contains "cojob", so every object of the chart is named `cojob-e2e`.
 const RELEASE: &str = "cojob-e2e";
@@ -1489,7 +1494,7 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
     );
 
     // b–e, concurrently, each in its own namespace.
-    let scenarios: [(&str, &str, Scenario); 7] = [
+    let scenarios: [(&str, &str, Scenario); 8] = [
         ("b. a 10-second schedule for 60 s", "op-sched", |c, n| {
             Box::pin(every_ten_seconds(c, n))
         }),
@@ -1514,6 +1519,11 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
             "k. tenants: scoped credentials and refused attacks",
             "op-tenant-a",
             |c, n| Box::pin(tenant::tenants(c, n)),
+        ),
+        (
+            "l. workload API across a respawn, and the kubectl plugin",
+            "op-workload",
+            |c, n| Box::pin(workload::workload_api_and_cli(c, n)),
         ),
     ];
     let later: [(&str, &str, Scenario); 1] = [(
