@@ -530,3 +530,63 @@ async fn the_workload_api_checkpoints_steps_across_attempts_and_fences_stale_one
     let _ = two.kill();
     let _ = two.wait();
 }
+
+/// `examples/workload-api/worker.py`, the workload API from Python's standard library, against
+/// a real sidecar: its step runs once (a second run gets the recorded result), its progress
+/// lands in the lease, and its fence check passes.
+#[tokio::test]
+async fn the_python_example_uses_the_workload_api() {
+    let r = rig().await;
+    let holder = cojob::new_holder();
+    let key = "v1/jobs/ns/py/uid/runs/py-1/lease";
+    let ttl = Duration::from_secs(30);
+    r.db.lease(
+        key,
+        LeaseOptions::new(holder.clone(), ttl)
+            .state_fn(|_| Ok(json!({"status": "pending", "attempt": 1, "run_id": "py-1"}))),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let mut sidecar = spawn_with_ttl(&r, key, &holder, 1, "uid-py", r.shared.path(), ttl);
+    let shared = r.shared.path().to_path_buf();
+    until("attached", Duration::from_secs(10), async || {
+        shared.join("attached").exists()
+    })
+    .await;
+    let example =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/workload-api/worker.py");
+    let python = |_: ()| {
+        let out = Command::new("python3")
+            .arg(&example)
+            .env("COJOB_API", format!("unix:{}/api.sock", shared.display()))
+            .output()
+            .expect("python3 (ci/test requires it)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let first = python(());
+    assert_eq!(
+        (
+            &first["run_id"],
+            &first["epoch"],
+            &first["download_ran_here"],
+            &first["fence_current"]
+        ),
+        (&json!("py-1"), &json!(1), &json!(true), &json!(true)),
+        "{first}"
+    );
+    let second = python(());
+    assert_eq!(second["download_ran_here"], false, "{second}");
+    assert_eq!(second["download"], first["download"]);
+    assert_eq!(
+        lease_doc(&r.db, key).await["state"]["progress"],
+        json!({"downloaded": 1000})
+    );
+    let _ = sidecar.kill();
+    let _ = sidecar.wait();
+}
