@@ -234,7 +234,7 @@ impl Default for LeaseSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CoordinatedJobStatus {
-    /// `Ready`, `ScheduleValid`, `StoreAvailable`, …
+    /// `Ready`, `ScheduleValid`, `StoreAvailable` and `LastRunFailed`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The generation the status describes.

@@ -152,6 +152,23 @@ impl Collector for StoreRequests {
                     .encode(metric.encode_family(&labels)?)?;
             }
         }
+        let mut metric = encoder.encode_descriptor(
+            "cojob_store_request_duration",
+            "Latency of requests to the bucket, by operation",
+            Some(&prometheus_client::registry::Unit::Seconds),
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        for op in cojob::error::Op::ALL {
+            let latency = stats.latency(op);
+            metric
+                .encode_family(&[("op", op.as_str())])?
+                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                    latency.sum.as_secs_f64(),
+                    latency.count,
+                    &latency.buckets,
+                    None,
+                )?;
+        }
         Ok(())
     }
 }
@@ -406,6 +423,8 @@ mod tests {
         assert_eq!(status, 200);
         for series in [
             "cojob_store_requests_total{op=\"put_if_absent\",outcome=\"ok\"} 1",
+            "cojob_store_request_duration_seconds_count{op=\"put_if_absent\"} 1",
+            "cojob_store_request_duration_seconds_bucket{le=\"+Inf\",op=\"put_if_absent\"} 1",
             "cojob_decisions_total{kind=\"skipped\"} 1",
             "cojob_reconcile_errors_total{error=\"store\"} 1",
             "cojob_reconcile_duration_seconds_count 1",

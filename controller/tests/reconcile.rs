@@ -20,6 +20,17 @@ fn status(
     job.status.clone().expect("a status")
 }
 
+/// A condition's `(status, reason)`.
+fn condition(job: &cojob_controller::crd::CoordinatedJob, kind: &str) -> (String, String) {
+    let s = status(job);
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == kind)
+        .unwrap_or_else(|| panic!("condition {kind} in {:?}", s.conditions));
+    (c.status.clone(), c.reason.clone())
+}
+
 #[tokio::test]
 async fn a_one_shot_run_is_dispatched_once_and_released_on_success() {
     let h = Harness::new("it-once").await;
@@ -133,6 +144,10 @@ async fn a_failed_attempt_is_retried_under_a_new_epoch_until_max_attempts() {
     assert!(!names.contains(&"flaky-once-3".to_string()), "{names:?}");
     let s = status(&h.job("flaky").await);
     assert_eq!((s.counters.failed, s.counters.active), (1, 0));
+    assert_eq!(
+        condition(&h.job("flaky").await, "LastRunFailed"),
+        ("True".into(), "RunFailed".into())
+    );
     let reasons = h.event_reasons("flaky").await;
     for r in ["RunDispatched", "RunRespawned", "RunFailed"] {
         assert!(reasons.iter().any(|x| x == r), "{r} in {reasons:?}");
@@ -879,12 +894,34 @@ async fn an_unparseable_schedule_is_a_condition_and_an_event_not_a_crash() {
         ("False", "InvalidSpec")
     );
     assert!(ready.message.contains("61"), "{}", ready.message);
-    assert!(
-        h.event_reasons("bad")
-            .await
-            .iter()
-            .any(|r| r == "InvalidSpec")
+    let job = h.job("bad").await;
+    assert_eq!(
+        condition(&job, "ScheduleValid"),
+        ("False".into(), "InvalidSpec".into())
     );
+    let reasons = h.event_reasons("bad").await;
+    assert_eq!(
+        reasons.iter().filter(|r| *r == "InvalidSpec").count(),
+        1,
+        "one Event per transition: {reasons:?}"
+    );
+    // Fixed: valid again.
+    let patch = json!({"spec": {"schedule": "1 * * * *"}});
+    h.jobs()
+        .patch(
+            "bad",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+    h.settle("bad", 1).await;
+    let job = h.job("bad").await;
+    assert_eq!(
+        condition(&job, "ScheduleValid"),
+        ("True".into(), "Valid".into())
+    );
+    assert_eq!(condition(&job, "Ready").0, "True");
     assert!(h.job_pods("bad").await.is_empty());
     h.cleanup().await;
 }
@@ -915,16 +952,27 @@ async fn an_unreachable_store_is_a_condition_and_an_event() {
         (ready.status.as_str(), ready.reason.as_str()),
         ("False", "StoreUnavailable")
     );
-    assert!(
-        h.event_reasons("dark")
-            .await
-            .iter()
-            .any(|r| r == "StoreUnavailable")
+    assert_eq!(
+        condition(&h.job("dark").await, "StoreAvailable"),
+        ("False".into(), "StoreUnavailable".into())
+    );
+    // A second replica, failing the same way from the same (stale) copy, announces nothing.
+    let stale = std::sync::Arc::new(h.job("dark").await);
+    let _ = h
+        .reconcile_with(&h.context(&Budget::store_down()), "dark")
+        .await;
+    let _ = cojob_controller::reconcile::reconcile(stale, h.context(&Budget::store_down())).await;
+    let reasons = h.event_reasons("dark").await;
+    assert_eq!(
+        reasons.iter().filter(|r| *r == "StoreUnavailable").count(),
+        1,
+        "{reasons:?}"
     );
     assert!(h.job_pods("dark").await.is_empty());
     // Back up: it recovers.
     h.settle("dark", 1).await;
     assert_eq!(h.live_pod_names("dark").await, ["dark-once-1"]);
+    assert_eq!(condition(&h.job("dark").await, "StoreAvailable").0, "True");
     h.cleanup().await;
 }
 

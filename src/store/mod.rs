@@ -350,11 +350,13 @@ impl Store {
     /// document cojob writes: a larger object (planted, or not cojob's) is refused with
     /// [`StoreError::TooLarge`] without being buffered.
     async fn raw_get(&self, full: &str) -> Result<Option<StoredObject>, StoreError> {
+        let started = std::time::Instant::now();
         let result = self
             .backend
             .get_bounded(full, crate::MAX_DOCUMENT_BYTES)
             .await;
         self.stats.record(
+            started,
             Op::Get,
             match &result {
                 Ok(Some(_)) => Outcome::Ok,
@@ -377,8 +379,10 @@ impl Store {
         let full = self.full_key(key)?;
         let write_token = token::write_token();
         let op = mode.op();
+        let started = std::time::Instant::now();
         let result = self.backend.put(&full, body, &mode, &write_token).await;
         self.stats.record(
+            started,
             op,
             match &result {
                 Ok(PutOutcome::Written(_)) => Outcome::Ok,
@@ -410,8 +414,9 @@ impl Store {
     /// Deletes `key`. Deleting an absent key succeeds.
     pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
         let full = self.full_key(key)?;
+        let started = std::time::Instant::now();
         let result = self.backend.delete(&full).await;
-        self.stats.record(Op::Delete, Outcome::of(&result));
+        self.stats.record(started, Op::Delete, Outcome::of(&result));
         result
     }
 
@@ -424,8 +429,9 @@ impl Store {
         } else {
             self.full_key(prefix)?
         };
+        let started = std::time::Instant::now();
         let result = self.backend.list(&full).await;
-        self.stats.record(Op::List, Outcome::of(&result));
+        self.stats.record(started, Op::List, Outcome::of(&result));
         let strip = if self.prefix.is_empty() {
             0
         } else {

@@ -68,8 +68,15 @@ use ticks::{decide_ticks, schedule_fingerprint};
 pub const FINALIZER: &str = "cojob.dev/cancel-runs";
 /// The server-side apply field manager of the status.
 pub const FIELD_MANAGER: &str = "cojob-controller";
-/// The condition type reconcile maintains.
+/// The condition that sums up the job: `False` with the reason of what stops it.
 pub const READY: &str = "Ready";
+/// The condition that says whether the schedule and template are usable (`InvalidSpec`).
+pub const SCHEDULE_VALID: &str = "ScheduleValid";
+/// The condition that says whether the bucket answered the last pass (`StoreUnavailable`,
+/// `StoreAccessDenied`, `InvalidStoreDocument`).
+pub const STORE_AVAILABLE: &str = "StoreAvailable";
+/// The condition that says whether the newest finished run failed (`RunFailed`).
+pub const LAST_RUN_FAILED: &str = "LastRunFailed";
 /// The longest pause between two reconciles of an idle object.
 pub const IDLE_RESYNC: Duration = Duration::from_secs(300);
 
@@ -596,8 +603,10 @@ async fn replace_older_runs(
     };
     let empty = RunPods::new();
     for old in scheduled().filter(|r| r.run_id != newest.run_id) {
-        let done = sweeper::cancel_run(scope, old, pods.get(&old.run_id).unwrap_or(&empty)).await?;
-        if done {
+        let outcome =
+            sweeper::cancel_run(scope, old, pods.get(&old.run_id).unwrap_or(&empty)).await?;
+        // Announced once, by the controller whose call cancelled it.
+        if outcome == sweeper::Cancel::Done {
             said.normal(
                 "RunReplaced",
                 format!(

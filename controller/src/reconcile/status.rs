@@ -2,20 +2,47 @@
 
 use super::*;
 
-/// Sets `Ready=False` with `reason` and, when the reason is new, publishes a Warning Event
-/// (once the status is written, so a failing API server does not produce events either).
+/// Sets `Ready=False` with `reason`, and the condition that names the cause (`ScheduleValid`
+/// for `InvalidSpec`, `StoreAvailable` for a bucket failure). A new reason is written with
+/// the object's resourceVersion as a precondition, and the Warning Event is published only by
+/// the write that made the transition: with two replicas, one Event per transition.
 pub(super) async fn report_not_ready(
     scope: &JobScope<'_>,
     reason: &str,
     message: &str,
 ) -> Result<(), Error> {
-    let job = scope.job;
-    let already = ready_reason(job) == Some(reason);
-    let mut status = job.status.clone().unwrap_or_default();
-    set_ready(&mut status, job, false, reason, message);
-    patch_status(scope, status).await?;
-    if !already {
-        scope.warning(reason, message.to_string()).await;
+    let cause = if reason == "InvalidSpec" {
+        SCHEDULE_VALID
+    } else {
+        STORE_AVAILABLE
+    };
+    let not_ready = |job: &CoordinatedJob| {
+        let mut status = job.status.clone().unwrap_or_default();
+        set_ready(&mut status, job, false, reason, message);
+        set_condition(&mut status, job, cause, false, reason, message);
+        status
+    };
+    let mut job = scope.job.clone();
+    for _ in 0..3 {
+        if ready_reason(&job) == Some(reason) {
+            // Reported already (by this controller or another): refresh the message only.
+            return apply_status(scope, &job, not_ready(&job), None).await;
+        }
+        let version = job.metadata.resource_version.clone();
+        match apply_status(scope, &job, not_ready(&job), version).await {
+            Ok(()) => {
+                scope.warning(reason, message.to_string()).await;
+                return Ok(());
+            }
+            // Changed since this copy was read (a finalizer added, another replica's status):
+            // decide again on the fresh object.
+            Err(Error::Kube(kube::Error::Api(s))) if s.code == 409 => {
+                let api: Api<CoordinatedJob> =
+                    Api::namespaced(scope.cx.client.clone(), &scope.namespace);
+                job = api.get(&scope.name).await?;
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -35,7 +62,7 @@ pub(super) fn ready_reason(job: &CoordinatedJob) -> Option<&str> {
         .map(|c| c.reason.as_str())
 }
 
-/// Sets the Ready condition, keeping its transition time when nothing but the message changed.
+/// Sets the Ready condition (and the observed generation).
 pub(super) fn set_ready(
     status: &mut CoordinatedJobStatus,
     job: &CoordinatedJob,
@@ -43,23 +70,66 @@ pub(super) fn set_ready(
     reason: &str,
     message: &str,
 ) {
-    let value = if ready { "True" } else { "False" };
-    let generation = job.metadata.generation;
-    let previous = status.conditions.iter().find(|c| c.type_ == READY);
+    set_condition(status, job, READY, ready, reason, message);
+    status.observed_generation = job.metadata.generation;
+}
+
+/// Sets condition `kind`, keeping its transition time when only the message changed.
+pub(super) fn set_condition(
+    status: &mut CoordinatedJobStatus,
+    job: &CoordinatedJob,
+    kind: &str,
+    value: bool,
+    reason: &str,
+    message: &str,
+) {
+    let value = if value { "True" } else { "False" };
+    let previous = status.conditions.iter().find(|c| c.type_ == kind);
     let transition = match previous {
         Some(p) if p.status == value && p.reason == reason => p.last_transition_time.clone(),
         _ => Time(k8s_openapi::jiff::Timestamp::now()),
     };
-    status.conditions.retain(|c| c.type_ != READY);
-    status.conditions.push(Condition {
-        type_: READY.into(),
+    let condition = Condition {
+        type_: kind.into(),
         status: value.into(),
         reason: reason.into(),
         message: message.chars().take(1024).collect(),
-        observed_generation: generation,
+        observed_generation: job.metadata.generation,
         last_transition_time: transition,
-    });
-    status.observed_generation = generation;
+    };
+    match status.conditions.iter_mut().find(|c| c.type_ == kind) {
+        Some(c) => *c = condition,
+        None => status.conditions.push(condition),
+    }
+}
+
+/// `LastRunFailed` from the newest finished run.
+fn set_last_run(status: &mut CoordinatedJobStatus, job: &CoordinatedJob, index: &JobIndex) {
+    let (failed, reason, message) = match index.recent.first() {
+        None => (
+            false,
+            "NoFinishedRun",
+            "no run has finished yet".to_string(),
+        ),
+        Some(r) if r.status == crate::run::RunPhase::Failed => (
+            true,
+            "RunFailed",
+            format!(
+                "run {} failed after attempt {}{}",
+                r.run_id,
+                r.attempt,
+                r.exit_code
+                    .map(|c| format!(", exit code {c}"))
+                    .unwrap_or_default()
+            ),
+        ),
+        Some(r) => (
+            false,
+            "RunEnded",
+            format!("run {} {}", r.run_id, r.status.as_str()),
+        ),
+    };
+    set_condition(status, job, LAST_RUN_FAILED, failed, reason, &message);
 }
 
 pub(super) fn build_status(scope: &JobScope<'_>, synced: &Synced) -> CoordinatedJobStatus {
@@ -103,6 +173,23 @@ pub(super) fn build_status(scope: &JobScope<'_>, synced: &Synced) -> Coordinated
         }
     };
     set_ready(&mut status, job, true, "Reconciled", &message);
+    set_condition(
+        &mut status,
+        job,
+        SCHEDULE_VALID,
+        true,
+        "Valid",
+        "the schedule and template are usable",
+    );
+    set_condition(
+        &mut status,
+        job,
+        STORE_AVAILABLE,
+        true,
+        "Reachable",
+        "the bucket answered the last pass",
+    );
+    set_last_run(&mut status, job, index);
     status
 }
 
@@ -111,16 +198,31 @@ pub(super) async fn patch_status(
     scope: &JobScope<'_>,
     status: CoordinatedJobStatus,
 ) -> Result<(), Error> {
-    if scope.job.status.as_ref() == Some(&status) {
+    apply_status(scope, scope.job, status, None).await
+}
+
+/// Writes `status` over `job`'s, unless unchanged; with `resource_version`, only if the object
+/// is still at that version (409 otherwise).
+async fn apply_status(
+    scope: &JobScope<'_>,
+    job: &CoordinatedJob,
+    status: CoordinatedJobStatus,
+    resource_version: Option<String>,
+) -> Result<(), Error> {
+    if job.status.as_ref() == Some(&status) {
         return Ok(());
     }
     let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
     // The UID makes the patch fail on an object deleted and created again under the same
     // name since this (possibly cached) copy was read.
+    let mut metadata = json!({"uid": scope.uid});
+    if let Some(v) = resource_version {
+        metadata["resourceVersion"] = json!(v);
+    }
     let body = json!({
         "apiVersion": CoordinatedJob::api_version(&()),
         "kind": CoordinatedJob::kind(&()),
-        "metadata": {"uid": scope.uid},
+        "metadata": metadata,
         "status": status,
     });
     api.patch_status(

@@ -159,6 +159,11 @@ pub(super) async fn claim_at(
             Decision::RunId(id) => {
                 tracing::info!(job = %scope.name, decided = %what, run = %id, "claimed")
             }
+            // While suspended every tick is skipped: the status says so, an Event per tick
+            // would only repeat it.
+            Decision::Skipped(why) if why == "Suspended" => {
+                tracing::debug!(job = %scope.name, decided = %what, "skipped: suspended")
+            }
             Decision::Skipped(why) => said.normal("RunSkipped", format!("{what} skipped: {why}")),
             Decision::Missed(why) => said.warning("RunMissed", format!("{what} missed: {why}")),
         }

@@ -9,17 +9,35 @@ use crate::context::JobScope;
 use crate::index::ActiveRun;
 use crate::run::{self, PodView, RunPhase, RunState};
 
+/// Where a cancel stands after one [`cancel_run`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancel {
+    /// Asked; the run is not terminal yet (its workload is being stopped).
+    Pending,
+    /// This call recorded the run as cancelled (announce it).
+    Done,
+    /// The run was terminal already (another controller, or an earlier pass, ended it).
+    Already,
+}
+
+impl Cancel {
+    /// True once the run is terminal.
+    pub fn is_terminal(self) -> bool {
+        self != Cancel::Pending
+    }
+}
+
 /// Cancels a run cooperatively: marks `cancel_requested` (the sidecar shows it to the
 /// workload). An attempt whose workload never started is released as `cancelled` at once and
 /// its pod deleted; one whose workload runs is stopped (with its grace period), and its outcome
 /// is recorded when the pod ends: `cancelled`, or `succeeded` if the workload still exited 0,
 /// since its effect happened. A run that was never dispatched is recorded as cancelled so it
-/// never starts. Returns true once the run is terminal.
+/// never starts. Says whether the run is terminal now, and whether this call made it so.
 pub async fn cancel_run(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     pods: &RunPods,
-) -> Result<bool, SweepError> {
+) -> Result<Cancel, SweepError> {
     let db = &scope.cx.db;
     let key = scope.keys.lease(&run.run_id);
     let now = now_str(scope);
@@ -28,7 +46,7 @@ pub async fn cancel_run(
         Some(l) => {
             let state = RunState::parse(&l.state).map_err(|r| foreign(&run.run_id, r))?;
             if state.status.is_terminal() {
-                return Ok(true);
+                return Ok(Cancel::Already);
             }
             !l.is_released() && !l.is_expired_at(db.clock().now())
         }
@@ -57,7 +75,7 @@ pub async fn cancel_run(
             .await?;
         }
         pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
-        return Ok(false);
+        return Ok(Cancel::Pending);
     }
     if !held {
         let (run_id, fire_time, now2) = (run.run_id.clone(), run.fire_time.clone(), now.clone());
@@ -75,22 +93,22 @@ pub async fn cancel_run(
             Ok(Some(mut handle)) => {
                 handle.release(None).await?;
                 pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
-                Ok(true)
+                Ok(Cancel::Done)
             }
-            Ok(None) => Ok(false),
-            Err(StoreError::Aborted { .. }) => Ok(true),
+            Ok(None) => Ok(Cancel::Pending),
+            Err(StoreError::Aborted { .. }) => Ok(Cancel::Already),
             Err(e) => Err(e.into()),
         };
     }
     let Some(lease) = lease else {
-        return Ok(false);
+        return Ok(Cancel::Pending);
     };
     db.cooperative_write(&key, |s| {
         cojob::lease::merge(s, json!({"cancel_requested": true}))
     })
     .await?;
     if let PodView::Ended(_) = pods::pod_view(pods.get(&lease.epoch)) {
-        return Ok(false); // the sweeper completes it (as cancelled unless it succeeded)
+        return Ok(Cancel::Pending); // the sweeper completes it (as cancelled unless it succeeded)
     }
     let started = RunState::parse(&lease.state)
         .map_err(|r| foreign(&run.run_id, r))?
@@ -99,7 +117,7 @@ pub async fn cancel_run(
     if started {
         // The workload may still finish: stop it, and let the sweeper record how it ended.
         pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
-        return Ok(false);
+        return Ok(Cancel::Pending);
     }
     let holder = holder::holder(scope, &run.run_id, lease.epoch);
     let Some(mut handle) = db
@@ -109,7 +127,7 @@ pub async fn cancel_run(
         // Not this controller's holder (taken over meanwhile, or a holder key that changed):
         // stop the pods; the lease expires and the sweeper records the cancel.
         pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
-        return Ok(false);
+        return Ok(Cancel::Pending);
     };
     // Computed on the freshest state: a completion that won the race is not overwritten, and a
     // sidecar that recorded a start meanwhile (same holder) makes it refuse.
@@ -118,11 +136,11 @@ pub async fn cancel_run(
         .await
     {
         Ok(()) => {}
-        Err(StoreError::Aborted { .. }) => return Ok(false), // started, or ended, meanwhile
-        Err(e) if e.is_lease_lost() => return Ok(false),
+        Err(StoreError::Aborted { .. }) => return Ok(Cancel::Pending), // started, or ended, meanwhile
+        Err(e) if e.is_lease_lost() => return Ok(Cancel::Pending),
         Err(e) => return Err(e.into()),
     }
     pods::stop_live_pods(scope, pods.values().collect(), Stop::Graceful).await?;
     tracing::info!(job = %scope.name, run = %run.run_id, "run cancelled");
-    Ok(true)
+    Ok(Cancel::Done)
 }

@@ -121,6 +121,17 @@ pub async fn dispatch(
         None
     };
     // Announced by the controller that acquired the epoch, not by one that attached to it.
+    if let Some(lost) = prev.filter(|p| acquired_here && !p.is_released()) {
+        // Taken over from a holder that went silent (the lease was held, and expired).
+        said.run_warning(
+            "LeaseLost",
+            format!(
+                "run {}: the lease of epoch {} expired (pod gone or silent); taken over by epoch {epoch}",
+                run.run_id, lost.epoch
+            ),
+            &crate::pod::pod_name(&run.run_id, lost.epoch),
+        );
+    }
     if acquired_here {
         let reason = if state.attempt <= 1 && epoch == 1 {
             "RunDispatched"

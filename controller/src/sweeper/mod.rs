@@ -37,7 +37,7 @@ use cojob::{Error as StoreError, LeaseInfo};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-pub use cancel::cancel_run;
+pub use cancel::{Cancel, cancel_run};
 pub use pods::{Stop, delete_pod, pod_view};
 
 use crate::announce::Announcements;
@@ -266,15 +266,7 @@ async fn steal(
         RunReport::Finished(f) => f.epoch,
     };
     if epoch > lease.epoch {
-        let stale = crate::pod::pod_name(&run.run_id, lease.epoch);
-        said.run_warning(
-            "LeaseLost",
-            format!(
-                "run {}: the lease of epoch {} expired (pod gone or silent); taken over by epoch {epoch}",
-                run.run_id, lease.epoch
-            ),
-            &stale,
-        );
+        // `LeaseLost` is announced by `dispatch`, only by the controller that took it over.
         pods::fence(scope, run, pods, epoch).await?;
     }
     Ok(report)
