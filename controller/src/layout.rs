@@ -9,6 +9,7 @@
 //! v1/jobs/<namespace>/<name>/<uid>/triggers/<key>        a claim: the decision of a manual run, once per key
 //! v1/jobs/<namespace>/<name>/<uid>/backfills/<id>        a doc: a backfill's range and progress
 //! v1/jobs/<namespace>/<name>/<uid>/runs/<run-id>/lease   the run's lease; its state is a [`RunState`](crate::run::RunState)
+//! v1/controller/leader                                  the leader lease of `--leader-elect`; its state names the leader
 //! ```
 //!
 //! The object's UID is part of the path, so a CoordinatedJob deleted and created again under
@@ -18,6 +19,16 @@ use chrono::{DateTime, Utc};
 
 /// The version prefix of every key; bumped only with a migration.
 pub const VERSION: &str = "v1";
+
+/// The lease that `--leader-elect` replicas compete for ([`crate::leader`]). It is outside
+/// `jobs/`, so no namespace's prefix (and no tenant's scoped credentials) reaches it.
+///
+/// ```
+/// assert_eq!(cojob_controller::layout::leader(), "v1/controller/leader");
+/// ```
+pub fn leader() -> String {
+    format!("{VERSION}/controller/leader")
+}
 
 /// The keys of one CoordinatedJob.
 ///

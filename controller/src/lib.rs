@@ -7,7 +7,7 @@
 //!   (dispatch, complete, steal, fence, cancel); [`pod`]: a run's pod.
 //! - [`sidecar`]: the lease keeper inside each pod; [`cli`]: the command line (the operator's
 //!   commands, and `runs`, `why`, `trigger`, `cancel`, `suspend`, `resume` for people);
-//!   [`context`]: what they share.
+//!   [`context`]: what they share; [`leader`]: optional leader election.
 
 pub mod announce;
 pub mod backfill;
@@ -17,6 +17,7 @@ pub mod crd;
 pub mod fence;
 pub mod index;
 pub mod layout;
+pub mod leader;
 pub mod metrics;
 pub mod pod;
 pub mod reconcile;

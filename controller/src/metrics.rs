@@ -128,6 +128,7 @@ pub struct Metrics {
     reconcile_errors: Family<ErrorLabel, Counter>,
     job_active: Family<JobLabels, Gauge>,
     job_last_success: Family<JobLabels, Gauge<f64, AtomicU64>>,
+    leader: Gauge,
     ready: AtomicBool,
 }
 
@@ -188,6 +189,7 @@ impl Metrics {
             reconcile_errors: Family::default(),
             job_active: Family::default(),
             job_last_success: Family::default(),
+            leader: Gauge::default(),
             ready: AtomicBool::new(false),
             registry: Registry::default(),
         };
@@ -232,6 +234,11 @@ impl Metrics {
             "cojob_job_last_success_timestamp_seconds",
             "When a run of a CoordinatedJob last succeeded (recorded by this replica), in Unix seconds",
             m.job_last_success.clone(),
+        );
+        m.registry.register(
+            "cojob_leader",
+            "1 while this replica reconciles: it holds the leader lease, or runs without --leader-elect",
+            m.leader.clone(),
         );
         m.registry
             .register_collector(Box::new(StoreRequests(store)));
@@ -290,6 +297,16 @@ impl Metrics {
         let labels = job_labels(namespace, job);
         self.job_active.remove(&labels);
         self.job_last_success.remove(&labels);
+    }
+
+    /// Marks this replica as the one that reconciles, or as a standby.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    /// True while this replica reconciles (see [`set_leader`](Self::set_leader)).
+    pub fn is_leader(&self) -> bool {
+        self.leader.get() == 1
     }
 
     /// Marks the controller ready (it listed CoordinatedJobs) or not.

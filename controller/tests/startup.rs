@@ -132,3 +132,21 @@ fn logs_are_json_lines_without_a_terminal() {
     );
     assert!(text.contains("refusing to start on"), "{text}");
 }
+
+/// A leader lease too short to renew in time is refused before anything else.
+#[test]
+fn a_leader_lease_ttl_under_three_seconds_is_refused() {
+    let bucket = required_env("COJOB_TEST_S3_URL");
+    let (status, stderr) = controller(
+        &bucket,
+        &[
+            ("COJOB_LEADER_ELECT", "true"),
+            ("COJOB_LEADER_LEASE_TTL", "1s"),
+        ],
+    );
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--leader-lease-ttl 1s is under 3 s"),
+        "{stderr}"
+    );
+}

@@ -284,7 +284,8 @@ pub fn coordinated_job(name: &str, spec: serde_json::Value) -> kube::api::Dynami
 
 /// The last `lines` lines of every log file of the pod `namespace/pod` under `/var/log/pods`
 /// (`kubectl logs` does not work on the local cluster: its node has no InternalIP), container
-/// by container; restrict to one container with `container`.
+/// by container; restrict to one container with `container`. Where the files are not on this
+/// host (kind), `kubectl logs`.
 pub fn pod_log_tail(namespace: &str, pod: &str, container: Option<&str>, lines: usize) -> String {
     let root = std::env::var("COJOB_E2E_POD_LOGS").unwrap_or_else(|_| "/var/log/pods".into());
     let prefix = format!("{namespace}_{pod}_");
@@ -337,9 +338,43 @@ pub fn pod_log_tail(namespace: &str, pod: &str, container: Option<&str>, lines: 
         }
     }
     if out.is_empty() {
-        out = format!("(no log files for {namespace}/{pod} under {root})\n");
+        // Not on this host (kind keeps them inside its node container): ask the API server.
+        out = kubectl_logs(namespace, pod, container, lines).unwrap_or_else(|why| {
+            format!("(no log files for {namespace}/{pod} under {root}, and {why})\n")
+        });
     }
     out
+}
+
+/// `kubectl logs --tail LINES` of the pod (every container, or `container`), for clusters
+/// whose pod logs are not on this host; an error says why there are none.
+fn kubectl_logs(
+    namespace: &str,
+    pod: &str,
+    container: Option<&str>,
+    lines: usize,
+) -> Result<String, String> {
+    let tail = format!("--tail={lines}");
+    let mut args = vec!["logs", "-n", namespace, pod, tail.as_str(), "--prefix"];
+    match container {
+        Some(c) => args.extend(["-c", c]),
+        None => args.push("--all-containers"),
+    }
+    let out = std::process::Command::new(tool("kubectl"))
+        .args(&args)
+        .output()
+        .map_err(|e| format!("kubectl logs could not run: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "kubectl logs failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(format!(
+        "--- kubectl {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout)
+    ))
 }
 
 /// A readable summary of a namespace: its pods (phase and container states) and its events,

@@ -1360,8 +1360,24 @@ async fn controller_log_lines(ctx: &Ctx) -> anyhow::Result<Vec<String>> {
     let root = std::env::var("COJOB_E2E_POD_LOGS").unwrap_or_else(|_| "/var/log/pods".into());
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), RELEASE_NS);
     let mut lines = Vec::new();
+    let on_host = std::path::Path::new(&root).is_dir();
     for pod in pods.list(&ListParams::default()).await?.items {
-        let prefix = format!("{RELEASE_NS}_{}_", pod.metadata.name.unwrap_or_default());
+        let name = pod.metadata.name.unwrap_or_default();
+        if !on_host {
+            // kind keeps pod logs inside its node container: ask the API server.
+            let text = cojob_e2e::run_tool(
+                "kubectl",
+                &["logs", "-n", RELEASE_NS, &name, "-c", "controller"],
+            )
+            .await?;
+            lines.extend(
+                text.lines()
+                    .filter(|l| !l.trim().is_empty())
+                    .map(str::to_owned),
+            );
+            continue;
+        }
+        let prefix = format!("{RELEASE_NS}_{name}_");
         for dir in std::fs::read_dir(&root)?.flatten() {
             if !dir.file_name().to_string_lossy().starts_with(&prefix) {
                 continue;
@@ -1610,6 +1626,10 @@ async fn run_batch(
     let client = ctx.client.clone();
     let mut handles = Vec::new();
     for (title, prefix, scenario) in scenarios.iter().copied() {
+        if !chosen(title) {
+            println!("{title}: not run, left out by COJOB_E2E_SCENARIOS");
+            continue;
+        }
         let ns = TestNamespace::create(&client, prefix).await;
         cojob_e2e::provide_store_credentials(&client, &ns.name).await;
         Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
@@ -1637,6 +1657,17 @@ async fn run_batch(
             ));
         }
     }
+}
+
+/// Whether the scenario titled `title` runs: `COJOB_E2E_SCENARIOS` lists their letters
+/// (`b,c,d`); unset, every scenario runs. Only the kind path sets it, for the scenarios that
+/// need this machine's own servers (`e2e/kind/up`); `ci/test` unsets it.
+fn chosen(title: &str) -> bool {
+    std::env::var("COJOB_E2E_SCENARIOS").map_or(true, |list| {
+        list.split(',')
+            .map(str::trim)
+            .any(|letter| !letter.is_empty() && title.starts_with(&format!("{letter}.")))
+    })
 }
 
 /// g (the uninstall), the cleanup and the verdict.

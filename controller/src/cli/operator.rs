@@ -95,6 +95,15 @@ pub struct ControllerArgs {
     /// This replica's name, for Events (the pod name, from the downward API).
     #[arg(long, env = "POD_NAME")]
     pub instance: Option<String>,
+    /// Reconcile only while this replica holds the leader lease in the bucket
+    /// (`v1/controller/leader`); the other replicas stand by. Correctness never depends on it
+    /// (any number of controllers may reconcile at once): it only removes duplicate work.
+    #[arg(long, env = "COJOB_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// The leader lease's ttl: a leader that crashed is replaced within about this long. It is
+    /// renewed every third of it, and a standby asks for it every 2 s.
+    #[arg(long, env = "COJOB_LEADER_LEASE_TTL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub leader_lease_ttl: Duration,
 }
 
 /// Parts of a variable's name that mark it as a secret, which is never forwarded by default.
@@ -193,6 +202,12 @@ fn refusal(bucket: &str, err: cojob::StoreError) -> anyhow::Error {
 pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let holder_key = HolderKey::new(args.holder_key.0.as_bytes())
         .context("refusing to start: COJOB_HOLDER_KEY (--holder-key) is too short")?;
+    if args.leader_elect && args.leader_lease_ttl < Duration::from_secs(3) {
+        anyhow::bail!(
+            "refusing to start: --leader-lease-ttl {:?} is under 3 s (a leader renews every third of it)",
+            args.leader_lease_ttl
+        );
+    }
     let db = cojob::Db::open(&args.bucket)
         .await
         .with_context(|| format!("opening the store {}", args.bucket))?;
@@ -251,17 +266,44 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         cx.settings.clock_skew_allowance,
         crate::skew::Reporter::new(cx.recorder.clone()),
     ));
-    let result = crate::reconcile::run(
-        cx,
-        args.namespace.as_deref(),
-        args.max_concurrent_reconciles,
-    )
-    .await;
+    let namespace = args.namespace.as_deref();
+    let reconcile = || crate::reconcile::run(cx.clone(), namespace, args.max_concurrent_reconciles);
+    let result = if args.leader_elect {
+        let mut election = crate::leader::Election::new(
+            args.instance
+                .clone()
+                .unwrap_or_else(|| "cojob-controller".into()),
+        );
+        election.ttl = args.leader_lease_ttl;
+        crate::leader::lead(&cx.db, &election, &cx.metrics, shutdown_signal(), reconcile).await
+    } else {
+        cx.metrics.set_leader(true);
+        reconcile().await
+    };
     skew.abort();
     result
         .context("watching CoordinatedJobs (is the CRD installed and may this account list it?)")?;
     tracing::info!("controller stopped");
     Ok(())
+}
+
+/// Completes at SIGTERM or SIGINT (the controller's own watch stops on them too).
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
 }
 
 /// Arguments of `cojob drain`.

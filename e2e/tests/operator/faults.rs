@@ -14,6 +14,14 @@ use super::*;
 /// Where the ledgers live on the node.
 const LEDGER_ROOT: &str = "/var/lib/cojob-e2e/ledger";
 
+/// Where ledgers live: `COJOB_E2E_LEDGER`, else [`LEDGER_ROOT`]. The directory must be the same
+/// on this machine and on the node (kind mounts it into its node container).
+fn ledger_root() -> std::path::PathBuf {
+    std::env::var_os("COJOB_E2E_LEDGER")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| LEDGER_ROOT.into(), Into::into)
+}
+
 /// A test's ledger: a directory on the node, mounted at `/ledger` in the workload.
 pub struct Ledger {
     dir: std::path::PathBuf,
@@ -22,7 +30,7 @@ pub struct Ledger {
 impl Ledger {
     pub fn create(ns: &str) -> anyhow::Result<Ledger> {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::path::Path::new(LEDGER_ROOT).join(ns);
+        let dir = ledger_root().join(ns);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))?;
         Ok(Ledger { dir })
