@@ -112,3 +112,76 @@ impl Announcements {
         }
     }
 }
+
+/// How often, at most, a job's skipped ticks are announced: one `RunSkipped` Event per job per
+/// this long. A `Forbid` job whose run outlasts many ticks would otherwise write an Event
+/// per tick; the decisions themselves are all in the bucket (`cojob runs`), and counted in
+/// `status.counters.skipped` and `cojob_decisions_total{kind="skipped"}`.
+pub const SKIPPED_EVENT_INTERVAL: chrono::Duration = chrono::Duration::minutes(5);
+
+/// Rate-limits `RunSkipped` Events, per job (by UID), in this process. The first skip is
+/// announced; later ones within [`SKIPPED_EVENT_INTERVAL`] are held back and counted, and the
+/// next announcement says how many were.
+///
+/// ```
+/// use cojob_controller::announce::SkippedTicks;
+/// let skips = SkippedTicks::default();
+/// let t0: chrono::DateTime<chrono::Utc> = "2026-12-03T00:00:00Z".parse().unwrap();
+/// assert_eq!(skips.admit("uid-1", t0), Some(0));
+/// assert_eq!(skips.admit("uid-1", t0 + chrono::Duration::seconds(10)), None);
+/// assert_eq!(skips.admit("uid-1", t0 + chrono::Duration::seconds(20)), None);
+/// assert_eq!(skips.admit("uid-2", t0), Some(0), "each job has its own limit");
+/// assert_eq!(skips.admit("uid-1", t0 + chrono::Duration::minutes(6)), Some(2));
+/// ```
+#[derive(Debug, Default)]
+pub struct SkippedTicks {
+    by_job: std::sync::Mutex<std::collections::HashMap<String, Held>>,
+}
+
+#[derive(Debug)]
+struct Held {
+    announced_at: chrono::DateTime<chrono::Utc>,
+    held: u32,
+}
+
+impl SkippedTicks {
+    /// A tick of the job `uid` was skipped at `now`: `Some(n)` to announce it (`n` skips were
+    /// held back since the last announcement), `None` to hold it back.
+    pub fn admit(&self, uid: &str, now: chrono::DateTime<chrono::Utc>) -> Option<u32> {
+        let mut by_job = match self.by_job.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match by_job.get_mut(uid) {
+            Some(h) if now - h.announced_at < SKIPPED_EVENT_INTERVAL => {
+                h.held = h.held.saturating_add(1);
+                None
+            }
+            Some(h) => {
+                let held = h.held;
+                *h = Held {
+                    announced_at: now,
+                    held: 0,
+                };
+                Some(held)
+            }
+            None => {
+                by_job.insert(
+                    uid.to_owned(),
+                    Held {
+                        announced_at: now,
+                        held: 0,
+                    },
+                );
+                Some(0)
+            }
+        }
+    }
+
+    /// The job `uid` is gone: its entry goes too.
+    pub fn forget(&self, uid: &str) {
+        if let Ok(mut by_job) = self.by_job.lock() {
+            by_job.remove(uid);
+        }
+    }
+}

@@ -70,6 +70,8 @@ pub struct Context {
     pub settings: Settings,
     /// The metrics.
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The rate limit of `RunSkipped` Events.
+    pub skipped: crate::announce::SkippedTicks,
 }
 
 /// One CoordinatedJob as reconcile sees it.

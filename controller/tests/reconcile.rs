@@ -290,6 +290,66 @@ async fn ticks_get_one_decision_each_with_catch_up_forbid_and_suspend() {
     h.cleanup().await;
 }
 
+/// A Forbid job whose run outlasts several ticks: every tick is decided `Skipped` in the bucket
+/// and counted, but one `RunSkipped` Event is written, not one per tick.
+#[tokio::test]
+async fn skipped_ticks_are_announced_once_per_interval_not_once_per_tick() {
+    let h = Harness::new("it-skipev").await;
+    h.create_job(
+        "busy",
+        json!({"schedule": "*/10 * * * * *", "concurrencyPolicy": "Forbid",
+               "lease": {"ttlSeconds": 120}, "startTimeoutSeconds": 600}),
+    )
+    .await;
+    let cx = h.context(&Budget::unlimited());
+    h.reconcile_with(&cx, "busy").await.unwrap();
+    // One tick per pass (the first may fall before the object's creation second): the first
+    // run, then skips while it stays active.
+    let mut skipped = 0;
+    for _ in 0..8 {
+        h.advance(Duration::from_secs(10));
+        h.reconcile_with(&cx, "busy").await.unwrap();
+        skipped = h
+            .decisions("busy")
+            .await
+            .into_iter()
+            .filter(|(_, d)| *d == Decision::Skipped("ConcurrencyForbid".into()))
+            .count();
+        if skipped == 3 {
+            break;
+        }
+    }
+    assert_eq!(skipped, 3);
+    assert_eq!(status(&h.job("busy").await).counters.skipped, 3);
+    // One publication: one Event object, not a series (kube's recorder would fold repeated
+    // publications into one object and count them in `series`).
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(h.client.clone(), &h.ns);
+    let skips: Vec<_> = events
+        .list(&kube::api::ListParams::default().fields("regarding.name=busy"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("RunSkipped"))
+        .collect();
+    assert_eq!(skips.len(), 1, "{skips:?}");
+    assert!(
+        skips[0].series.is_none(),
+        "published more than once: {:?}",
+        skips[0].series
+    );
+    assert!(
+        skips[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("skipped: ConcurrencyForbid")),
+        "{:?}",
+        skips[0].note
+    );
+    h.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_deadline_turns_a_late_tick_into_a_miss() {
     let h = Harness::new("it-deadline").await;

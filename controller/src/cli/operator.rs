@@ -254,6 +254,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     let cx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
+        skipped: Default::default(),
         client,
         db,
         settings,

@@ -164,7 +164,25 @@ pub(super) async fn claim_at(
             Decision::Skipped(why) if why == "Suspended" => {
                 tracing::debug!(job = %scope.name, decided = %what, "skipped: suspended")
             }
-            Decision::Skipped(why) => said.normal("RunSkipped", format!("{what} skipped: {why}")),
+            Decision::Skipped(why) => {
+                match scope
+                    .cx
+                    .skipped
+                    .admit(&scope.uid, scope.cx.db.clock().now())
+                {
+                    Some(0) => said.normal("RunSkipped", format!("{what} skipped: {why}")),
+                    Some(held) => said.normal(
+                        "RunSkipped",
+                        format!(
+                            "{what} skipped: {why} (and {held} more since the last RunSkipped \
+                             Event; `cojob runs` lists them)"
+                        ),
+                    ),
+                    None => {
+                        tracing::debug!(job = %scope.name, decided = %what, %why, "skipped (Event held back)")
+                    }
+                }
+            }
             Decision::Missed(why) => said.warning("RunMissed", format!("{what} missed: {why}")),
         }
     }

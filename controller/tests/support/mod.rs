@@ -230,6 +230,7 @@ impl Harness {
         let metrics = Arc::new(cojob_controller::metrics::Metrics::new(db.store().clone()));
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
+            skipped: Default::default(),
             client,
             db,
             settings,
