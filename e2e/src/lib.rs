@@ -20,50 +20,7 @@ pub fn image(name: &str) -> String {
     })
 }
 
-/// A required environment variable, or a panic that says how to get it.
-pub fn required_env(var: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| {
-        panic!(
-            "{var} is not set: end-to-end tests need a cluster and the S3 server. Run \
-             `e2e/cluster/up` and `source /var/lib/cojob-e2e/env`, or run every test with `ci/test`."
-        )
-    })
-}
-
-/// The CoordinatedJob CRD of this tree (`crds/coordinatedjob.yaml`).
-pub const CRD_YAML: &str = include_str!("../../crds/coordinatedjob.yaml");
-
-/// Installs this tree's CRD by server-side apply as `field_manager`, and waits up to `timeout`
-/// for the apiserver to establish it. Panics (a test failure) otherwise.
-pub async fn install_crd(client: &Client, field_manager: &str, timeout: Duration) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(CRD_YAML).expect("crds/coordinatedjob.yaml parses");
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.metadata.name.clone().expect("the CRD has a name");
-    crds.patch(
-        &name,
-        &kube::api::PatchParams::apply(field_manager).force(),
-        &kube::api::Patch::Apply(&crd),
-    )
-    .await
-    .expect("the apiserver accepts the CRD");
-    let deadline = tokio::time::Instant::now() + timeout;
-    while tokio::time::Instant::now() < deadline {
-        let got = crds.get(&name).await.expect("get the CRD");
-        let established = got
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("CRD {name} not established within {timeout:?}");
-}
+pub use cojob_test_support::{CRD_YAML, install_crd, required_env};
 
 /// A client for the cluster of `KUBECONFIG` (which must be set).
 pub async fn client() -> Client {

@@ -34,10 +34,10 @@ async fn native_sidecar_pod_writes_to_s3_and_stops_after_main() {
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532},
             "initContainers": [{
                 "name": "sidecar",
-                "image": image("cojob"),
+                "image": image("busybox"),
                 "imagePullPolicy": "Never",
                 "restartPolicy": "Always",
-                "args": ["smoke-sidecar", "--bucket", bucket, "--key", key],
+                "command": ["/usr/local/bin/cojob-smoke-sidecar", bucket, key],
                 "env": aws_env(),
                 "securityContext": {
                     "readOnlyRootFilesystem": true,

@@ -12,7 +12,7 @@
 //! | `memory://` | in-process memory (`object_store::memory::InMemory`); each `open` is a new, empty store |
 //! | `file:///dir` | our own local-directory backend ([`DirBackend`]) with `link` and `flock` |
 //! | `s3://bucket/prefix` | Amazon S3 or a compatible server; honours the `AWS_*` environment variables, among them `AWS_ENDPOINT_URL` and `AWS_ALLOW_HTTP=true` for a local server |
-//! | `gs://bucket/prefix` | Google Cloud Storage; `GOOGLE_*` variables |
+//! | `gs://bucket/prefix` | Google Cloud Storage; `GOOGLE_*` variables. Untested: no local GCS server accepts `object_store`'s conditional writes (`e2e/s3-servers.md`) |
 //! | `az://container/prefix` | Azure Blob Storage; `AZURE_*` variables (`AZURE_STORAGE_USE_EMULATOR=true` for Azurite) |
 //!
 //! Further backends implement the [`Backend`] trait and are wrapped with [`Store::new`].

@@ -103,9 +103,6 @@ enum Command {
         #[arg(long, env = "COJOB_SHARED_DIR", default_value = crate::pod::SHARED_MOUNT)]
         shared_dir: std::path::PathBuf,
     },
-    /// Test helper: writes `<key>/started`, waits for SIGTERM, writes `<key>/stopped`.
-    #[command(hide = true)]
-    SmokeSidecar(super::smoke::Args),
 }
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed at once, when this is called,
@@ -203,7 +200,6 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let outcome = crate::sidecar::run(args, shutdown_signal()).await?;
             std::process::exit(outcome.exit_code());
         }
-        Command::SmokeSidecar(args) => super::smoke::run(args).await,
         Command::Ready { shared_dir } => {
             if crate::sidecar::ready(&shared_dir) {
                 Ok(())

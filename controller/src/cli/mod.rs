@@ -15,7 +15,6 @@ pub mod ask;
 pub mod backfill;
 pub mod operator;
 pub mod runs;
-pub mod smoke;
 pub mod table;
 pub mod target;
 pub mod why;

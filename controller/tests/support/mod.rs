@@ -23,7 +23,7 @@ use cojob_controller::context::{Context, Settings};
 use cojob_controller::crd::CoordinatedJob;
 use cojob_controller::index::Decision;
 use cojob_controller::layout::JobKeys;
-use cojob_e2e::{install_crd, required_env};
+use cojob_test_support::{install_crd, required_env};
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
