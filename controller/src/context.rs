@@ -33,6 +33,9 @@ pub struct Settings {
     pub min_schedule_interval: Duration,
     /// The shortest lease ttl a job may ask for.
     pub min_lease_ttl: Duration,
+    /// How long the controller's scheduler holds a job's pass for more of its events
+    /// (`--reconcile-debounce`); requeues are shortened by as much.
+    pub debounce: Duration,
     /// The key lease holders are derived under (never printed).
     pub holder_key: crate::sweeper::holder::HolderKey,
 }
@@ -54,6 +57,7 @@ impl std::fmt::Debug for Settings {
             )
             .field("min_schedule_interval", &self.min_schedule_interval)
             .field("min_lease_ttl", &self.min_lease_ttl)
+            .field("debounce", &self.debounce)
             .finish_non_exhaustive()
     }
 }
@@ -72,6 +76,11 @@ pub struct Context {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The rate limit of `RunSkipped` Events.
     pub skipped: crate::announce::SkippedTicks,
+    /// The run pods the controller's watch has seen, by job (empty and unused when reconcile
+    /// is called without [`crate::reconcile::run`], as in tests: passes then list pods).
+    pub pod_cache: crate::pod_cache::PodCache,
+    /// The backoff of jobs whose passes fail.
+    pub retries: crate::retry::Retries,
 }
 
 /// One CoordinatedJob as reconcile sees it.

@@ -5,9 +5,9 @@
 //! its creation is idempotent (a second create gets `AlreadyExists`).
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvFromSource, EnvVar, EnvVarSource, ExecAction, Pod,
-    PodSchedulingGate, Probe, ResourceRequirements, SeccompProfile, SecretEnvSource,
-    SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, EnvFromSource, EnvVar, EnvVarSource, ExecAction, Lifecycle,
+    LifecycleHandler, Pod, PodSchedulingGate, ResourceRequirements, SeccompProfile,
+    SecretEnvSource, SecretKeySelector, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -46,10 +46,11 @@ pub const SHARED_VOLUME: &str = "cojob";
 pub const SHARED_MOUNT: &str = "/var/run/cojob";
 /// The key of the holder in the run's Secret.
 pub const HOLDER_KEY: &str = "holder";
-/// Where the cojob image keeps its binary (the sidecar's startup probe runs it).
+/// Where the cojob image keeps its binary (the sidecar's start gate runs it).
 pub const SIDECAR_BINARY: &str = "/cojob";
-/// How many one-second startup probes may fail before the kubelet restarts the sidecar.
-pub const STARTUP_PROBE_FAILURES: i32 = 300;
+/// How long the sidecar's start gate (its postStart hook, `cojob ready --wait`) waits for the
+/// attach before it fails, and the kubelet restarts the sidecar.
+pub const START_GATE_TIMEOUT: &str = "120s";
 
 /// Everything that identifies one attempt of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,14 +218,23 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
         image: Some(cfg.image.clone()),
         args: Some(vec!["sidecar".into()]),
         restart_policy: Some("Always".into()),
-        // The workload's containers start only once the sidecar holds the lease.
-        startup_probe: Some(Probe {
-            exec: Some(ExecAction {
-                command: Some(vec![SIDECAR_BINARY.into(), "ready".into()]),
+        // The workload's containers start only once the sidecar holds the lease: the kubelet
+        // starts the next container only after a sidecar's postStart hook returned. A hook
+        // that polls every 20 ms opens the gate within 20 ms of the attach; a startup probe
+        // would wait for its next period (up to a second, plus the kubelet's initial jitter).
+        lifecycle: Some(Lifecycle {
+            post_start: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        SIDECAR_BINARY.into(),
+                        "ready".into(),
+                        "--wait".into(),
+                        START_GATE_TIMEOUT.into(),
+                    ]),
+                }),
+                ..LifecycleHandler::default()
             }),
-            period_seconds: Some(1),
-            failure_threshold: Some(STARTUP_PROBE_FAILURES),
-            ..Probe::default()
+            ..Lifecycle::default()
         }),
         env: Some(env_vars),
         // The run's Secret also carries the store credentials forwarded by the controller;
@@ -551,12 +561,22 @@ mod tests {
             .filter_map(|e| e.secret_ref.as_ref().map(|r| r.name.clone()))
             .collect();
         assert_eq!(from, ["nightly-1786240800-2-holder-abc123", "cojob-store"]);
-        let probe = init[0].startup_probe.clone().expect("a startup probe");
+        let gate = init[0]
+            .lifecycle
+            .clone()
+            .and_then(|l| l.post_start)
+            .expect("a postStart hook");
         assert_eq!(
-            probe.exec.and_then(|e| e.command),
-            Some(vec!["/cojob".to_string(), "ready".to_string()]),
+            gate.exec.and_then(|e| e.command),
+            Some(vec![
+                "/cojob".to_string(),
+                "ready".to_string(),
+                "--wait".to_string(),
+                START_GATE_TIMEOUT.to_string()
+            ]),
             "the workload waits until the sidecar holds the lease"
         );
+        assert!(init[0].startup_probe.is_none());
         assert_eq!(init[1].name, "setup");
         let sc = init[0].security_context.clone().unwrap();
         assert_eq!(

@@ -138,7 +138,7 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .ok_or_else(|| anyhow::anyhow!("no command to run"))?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    // The sidecar attached (the startup probe passed) just before this process started, so a
+    // The sidecar attached (its start gate opened) just before this process started, so a
     // missing `renewed` file counts from now.
     let started_ms = boot_clock_ms();
     let mut child = Command::new(program)

@@ -3,65 +3,18 @@
 //! leads counts how many run at once; a replica's work must be stopped before another's starts.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use cojob::error::Op;
-use cojob::store::{Backend, ObjectStoreBackend, StoredObject};
-use cojob::{Db, PutMode, PutOutcome, Store, StoreError};
+mod support;
+
+use cojob::Db;
 use cojob_controller::leader::{Election, lead};
 use cojob_controller::metrics::Metrics;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// A backend whose every request fails while `down` is set: the bucket unreachable from one
-/// replica only.
-#[derive(Debug)]
-struct Partitioned {
-    inner: ObjectStoreBackend,
-    down: Arc<AtomicBool>,
-}
-
-impl Partitioned {
-    fn check(&self, op: Op, key: &str) -> Result<(), StoreError> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(StoreError::Unavailable {
-                op,
-                key: key.into(),
-                source: "injected partition".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Backend for Partitioned {
-    async fn get(&self, key: &str) -> Result<Option<StoredObject>, StoreError> {
-        self.check(Op::Get, key)?;
-        self.inner.get(key).await
-    }
-    async fn put(
-        &self,
-        key: &str,
-        body: Bytes,
-        mode: &PutMode,
-        token: &str,
-    ) -> Result<PutOutcome, StoreError> {
-        self.check(Op::PutIfMatch, key)?;
-        self.inner.put(key, body, mode, token).await
-    }
-    async fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.check(Op::Delete, key)?;
-        self.inner.delete(key).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        self.check(Op::List, prefix)?;
-        self.inner.list(prefix).await
-    }
-}
+use support::{Budget, store_with_budget};
 
 /// A fresh prefix of the test bucket.
 fn bucket(test: &str) -> String {
@@ -72,19 +25,10 @@ fn bucket(test: &str) -> String {
     format!("{}/leader-{test}-{:x}", s3.trim_end_matches('/'), nanos)
 }
 
-/// A view of `bucket` whose requests fail while the returned flag is set.
-fn open(bucket: &str) -> (Db, Arc<AtomicBool>) {
-    let url = url::Url::parse(bucket).unwrap();
-    let (inner, prefix) = ObjectStoreBackend::from_url(&url).unwrap();
-    let down = Arc::new(AtomicBool::new(false));
-    let store = Store::new(
-        Partitioned {
-            inner,
-            down: down.clone(),
-        },
-        &prefix,
-    );
-    (Db::new(store), down)
+/// A view of `bucket` whose requests fail while the returned budget is down.
+fn open(bucket: &str) -> (Db, Budget) {
+    let budget = Budget::unlimited();
+    (Db::new(store_with_budget(bucket, &budget)), budget)
 }
 
 /// How many replicas' work runs at once, and the most that ever did.
@@ -107,7 +51,7 @@ struct Replica {
     metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<Result<(), std::io::Error>>,
-    down: Arc<AtomicBool>,
+    down: Budget,
 }
 
 fn replica(bucket: &str, name: &str, ttl: Duration, leaders: &Arc<Leaders>) -> Replica {
@@ -236,7 +180,7 @@ async fn a_leader_cut_off_from_the_bucket_stops_before_another_takes_over() {
     })
     .await;
 
-    a.down.store(true, Ordering::SeqCst);
+    a.down.set_down(true);
     until("a stops leading", Duration::from_secs(20), || {
         !a.metrics.is_leader()
     })
@@ -248,7 +192,7 @@ async fn a_leader_cut_off_from_the_bucket_stops_before_another_takes_over() {
         "two leaders at once"
     );
 
-    a.down.store(false, Ordering::SeqCst);
+    a.down.set_down(false);
     tokio::time::sleep(ttl * 2).await;
     assert!(!a.metrics.is_leader() && b.metrics.is_leader());
     assert_eq!(leaders.now.load(Ordering::SeqCst), 1);

@@ -996,16 +996,28 @@ async fn an_unreachable_store_is_a_condition_and_an_event() {
         .await
         .expect_err("the store is down");
     assert!(err.is_store(), "{err}");
-    let action = cojob_controller::reconcile::error_policy(
-        std::sync::Arc::new(h.job("dark").await),
-        &err,
-        cx,
+    // No hot loop: an exponential backoff with jitter, up to a third of the lease ttl (here
+    // 300 s) or 60 s.
+    let job = std::sync::Arc::new(h.job("dark").await);
+    let delays: Vec<Duration> = (0..8)
+        .map(|_| {
+            let action = cojob_controller::reconcile::error_policy(job.clone(), &err, cx.clone());
+            let requeue = |d| kube::runtime::controller::Action::requeue(d);
+            (1..=60_000)
+                .map(Duration::from_millis)
+                .find(|d| requeue(*d) == action)
+                .expect("a requeue of at most 60 s")
+        })
+        .collect();
+    assert!(
+        delays[0] >= Duration::from_secs(1) && delays[0] <= Duration::from_secs(2),
+        "{delays:?}"
     );
-    assert_eq!(
-        action,
-        kube::runtime::controller::Action::requeue(Duration::from_secs(5)),
-        "no hot loop"
+    assert!(
+        delays[1] >= delays[0] && delays[2] >= delays[1],
+        "doubling: {delays:?}"
     );
+    assert!(delays[7] == Duration::from_secs(60), "capped: {delays:?}");
     let s = status(&h.job("dark").await);
     let ready = s.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     assert_eq!(

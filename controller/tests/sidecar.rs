@@ -315,17 +315,50 @@ async fn a_second_pod_of_the_same_epoch_does_not_start() {
     let _ = again.wait();
 }
 
-/// A restarted sidecar removes the previous run's `attached` file, so the workload's startup
-/// gate waits until this run attached.
+/// A restarted sidecar's start gate never opens on the previous run's `attached` file: the
+/// file names its writer's process, which is gone, and the new run removes it first.
 #[tokio::test]
-async fn a_restart_does_not_pass_the_startup_probe_on_an_old_file() {
+async fn a_restart_does_not_pass_the_start_gate_on_an_old_file() {
     let r = rig().await;
     let file = r
         .shared
         .path()
         .join(cojob_controller::sidecar::ATTACHED_FILE);
-    std::fs::write(&file, "1\n").unwrap();
+    // Written by a process that has ended (a short-lived child's pid and start time).
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id().to_string();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    gone.wait().unwrap();
+    let start = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(19).map(str::to_owned))
+        .unwrap_or_else(|| "1".into());
+    std::fs::write(&file, format!("1 {pid} {start}\n")).unwrap();
+    assert!(!cojob_controller::sidecar::ready(r.shared.path()));
+    // Written by a live process (this one, as the sidecar writes it): the gate opens.
+    let me = std::process::id().to_string();
+    let stat = std::fs::read_to_string(format!("/proc/{me}/stat")).unwrap();
+    let start = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .to_owned();
+    std::fs::write(&file, format!("1 {me} {start}\n")).unwrap();
     assert!(cojob_controller::sidecar::ready(r.shared.path()));
+    assert!(cojob_controller::sidecar::wait_ready(
+        r.shared.path(),
+        Duration::from_millis(100)
+    ));
+    // The old format, without a process, never opens it.
+    std::fs::write(&file, "1\n").unwrap();
+    assert!(!cojob_controller::sidecar::wait_ready(
+        r.shared.path(),
+        Duration::from_millis(100)
+    ));
+    std::fs::write(&file, format!("1 {me} {start}\n")).unwrap();
     let mut child = spawn(&r, "runs/absent/lease", &cojob::new_holder());
     assert_eq!(
         wait_exit(&mut child, Duration::from_secs(10)),

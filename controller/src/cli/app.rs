@@ -96,12 +96,16 @@ enum Command {
     Wrap(crate::wrap::Args),
     /// Keeps a run's lease alive from inside its pod (the injected native sidecar).
     Sidecar(crate::sidecar::Args),
-    /// The sidecar's startup probe: exits 0 once the sidecar holds the lease.
+    /// The sidecar's start gate: exits 0 once the sidecar holds the lease (`--wait`: its postStart hook).
     #[command(hide = true)]
     Ready {
         /// The shared volume.
         #[arg(long, env = "COJOB_SHARED_DIR", default_value = crate::pod::SHARED_MOUNT)]
         shared_dir: std::path::PathBuf,
+        /// Wait until ready, for at most this long (the sidecar's postStart hook), instead of
+        /// answering at once.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        wait: Option<std::time::Duration>,
     },
 }
 
@@ -200,8 +204,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let outcome = crate::sidecar::run(args, shutdown_signal()).await?;
             std::process::exit(outcome.exit_code());
         }
-        Command::Ready { shared_dir } => {
-            if crate::sidecar::ready(&shared_dir) {
+        Command::Ready { shared_dir, wait } => {
+            let ready = match wait {
+                Some(timeout) => crate::sidecar::wait_ready(&shared_dir, timeout),
+                None => crate::sidecar::ready(&shared_dir),
+            };
+            if ready {
                 Ok(())
             } else {
                 std::process::exit(1);

@@ -75,6 +75,11 @@ pub struct ControllerArgs {
     /// 6 s); a shorter one is `InvalidSpec`. Each active run costs a renewal every ttl/3.
     #[arg(long, env = "COJOB_MIN_LEASE_TTL", default_value = "6s", value_parser = humantime::parse_duration)]
     pub min_lease_ttl: Duration,
+    /// How long a job's pass waits for more of its events (trailing edge): the burst of pod
+    /// events around a run's start and end then costs one pass, not one each. Passes due at a
+    /// tick start on time: their requeue is shortened by as much.
+    #[arg(long, env = "COJOB_RECONCILE_DEBOUNCE", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub reconcile_debounce: Duration,
     /// How many CoordinatedJobs are reconciled at once, at most (one object is never
     /// reconciled twice at the same time).
     #[arg(long, env = "COJOB_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
@@ -246,6 +251,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         holder_key,
         min_schedule_interval: args.min_schedule_interval,
         min_lease_ttl: args.min_lease_ttl,
+        debounce: args.reconcile_debounce,
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");
     let metrics = Arc::new(crate::metrics::Metrics::new(db.store().clone()));
@@ -255,6 +261,8 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let cx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         skipped: Default::default(),
+        pod_cache: Default::default(),
+        retries: Default::default(),
         client,
         db,
         settings,

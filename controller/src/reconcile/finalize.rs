@@ -113,6 +113,7 @@ async fn release_pods_then_let_go(scope: &JobScope<'_>) -> Result<Action, Error>
     set_finalizers(scope, |f| f.retain(|x| x != FINALIZER)).await?;
     scope.cx.metrics.job_gone(&scope.namespace, &scope.name);
     scope.cx.skipped.forget(&scope.uid);
+    scope.cx.retries.succeeded(&scope.uid);
     tracing::info!(job = %scope.name, "active runs cancelled; finalizer removed");
     Ok(Action::await_change())
 }

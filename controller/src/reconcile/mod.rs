@@ -29,12 +29,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use cojob::{Doc, Version};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -243,6 +243,11 @@ fn beyond_limits(scope: &JobScope<'_>, schedule: Option<&Schedule>) -> Option<St
 pub async fn reconcile(job: Arc<CoordinatedJob>, cx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let result = reconcile_job(&job, &cx).await;
+    if result.is_ok()
+        && let Some(uid) = job.metadata.uid.as_deref()
+    {
+        cx.retries.succeeded(uid);
+    }
     cx.metrics
         .reconciled(started.elapsed(), result.as_ref().err().map(Error::kind));
     result
@@ -290,7 +295,11 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
                 .job_active(&scope.namespace, &scope.name, synced.active.len());
             let status = build_status(&scope, &synced);
             patch_status(&scope, status).await?;
-            Ok(Action::requeue(synced.requeue))
+            // The scheduler adds its debounce to every request; take it off here, so a pass
+            // due at a tick still starts at the tick.
+            Ok(Action::requeue(
+                synced.requeue.saturating_sub(cx.settings.debounce),
+            ))
         }
         Err(e) => {
             if let Some((reason, message)) = e.public_report() {
@@ -323,9 +332,15 @@ fn history_limits(spec: &CoordinatedJobSpec) -> HistoryLimits {
     }
 }
 
+/// The job's pods, from the watch-backed cache once it is filled, else from the API server.
 async fn list_pods(scope: &JobScope<'_>) -> Result<BTreeMap<String, RunPods>, Error> {
-    let lp = ListParams::default().labels(&format!("{LABEL_JOB}={}", scope.name));
-    let pods = scope.pods.list(&lp).await?.items;
+    let pods = match scope.cx.pod_cache.job_pods(&scope.namespace, &scope.name) {
+        Some(pods) => pods,
+        None => {
+            let lp = ListParams::default().labels(&format!("{LABEL_JOB}={}", scope.name));
+            scope.pods.list(&lp).await?.items
+        }
+    };
     Ok(sweeper::group_pods(scope, pods))
 }
 
@@ -619,10 +634,20 @@ async fn replace_older_runs(
     Ok(())
 }
 
-/// What to do after a failed reconcile: retry after a pause, never at once.
-pub fn error_policy(job: Arc<CoordinatedJob>, error: &Error, _cx: Arc<Context>) -> Action {
-    tracing::warn!(job = %job.name_any(), namespace = job.namespace().unwrap_or_default(), error = %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
+/// The longest pause after a failed reconcile.
+pub const MAX_RETRY: Duration = Duration::from_secs(60);
+
+/// What to do after a failed reconcile: retry after an exponential backoff with jitter, per
+/// job ([`crate::retry`]), never longer than a third of its lease ttl (the controller's passes
+/// renew the leases of runs whose pods are pending) or [`MAX_RETRY`].
+pub fn error_policy(job: Arc<CoordinatedJob>, error: &Error, cx: Arc<Context>) -> Action {
+    let ttl = Duration::from_secs(job.spec.lease.ttl_seconds.max(1).unsigned_abs());
+    let delay = cx.retries.failed(
+        job.metadata.uid.as_deref().unwrap_or_default(),
+        (ttl / 3).min(MAX_RETRY),
+    );
+    tracing::warn!(job = %job.name_any(), namespace = job.namespace().unwrap_or_default(), error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
 }
 
 /// Runs the controller until SIGTERM or SIGINT: watches CoordinatedJobs (in `namespace`, or
@@ -652,9 +677,26 @@ pub async fn run(
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     cx.metrics.set_ready(true);
+    // Each pod event is filed in the cache before it triggers its job's reconcile, so that
+    // pass sees it. Managed fields are dropped: nothing reads them, and they are a large part
+    // of a pod object.
+    cx.pod_cache.reset();
+    let cache = cx.pod_cache.clone();
+    let pod_events = watcher(pods, watcher::Config::default().labels(LABEL_JOB))
+        .default_backoff()
+        .map_ok(move |event| {
+            let event = event.modify(|pod| pod.managed_fields_mut().clear());
+            cache.apply(&event);
+            event
+        })
+        .touched_objects();
     Controller::new(jobs, watcher::Config::default())
-        .owns(pods, watcher::Config::default().labels(LABEL_JOB))
-        .with_config(controller::Config::default().concurrency(max_concurrent_reconciles))
+        .owns_stream(pod_events)
+        .with_config(
+            controller::Config::default()
+                .concurrency(max_concurrent_reconciles)
+                .debounce(cx.settings.debounce),
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, cx)
         .for_each(|result| async move {

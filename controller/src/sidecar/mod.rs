@@ -21,7 +21,8 @@
 //! were reused, and it ignores the lease's deadline when attaching (a node clock running ahead
 //! would otherwise see a fresh lease as expired): its first renewal is a compare-and-swap that
 //! fails if anyone took the lease meanwhile. The `attached` file of an earlier run of the
-//! sidecar (a restart) is removed first, so the startup probe waits for this one.
+//! sidecar (a restart) is removed first, and names its writer's process, so the start gate
+//! waits for this one.
 //!
 //! On SIGTERM (the kubelet stops native sidecars after the workload ends) it exits 0 without
 //! releasing: the controller releases the lease with the pod's final state.
@@ -36,13 +37,57 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-/// The file the sidecar writes in the shared volume once it holds the lease; its startup
-/// probe waits for it, so the workload never starts without a lease.
+/// The file the sidecar writes in the shared volume once it holds the lease; its start gate
+/// (`cojob ready --wait`, the container's postStart hook) waits for it, so the workload never
+/// starts without a lease. It holds `<epoch> <pid> <start time>`: the writer's process id and
+/// its start time since boot (`/proc/<pid>/stat`), so a file left by an earlier run of a
+/// restarted sidecar, whose process is gone, never opens the gate.
 pub const ATTACHED_FILE: &str = "attached";
 
-/// `cojob ready`, the sidecar's startup probe: true once the sidecar attached to the lease.
+/// The start time of process `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`),
+/// or `None` if there is no such process.
+fn process_start(pid: &str) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command (field 2) is in parentheses and may hold spaces; count after its end.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// What this process writes into [`ATTACHED_FILE`] once it attached at `epoch`.
+fn attached_content(epoch: u64) -> String {
+    let pid = std::process::id().to_string();
+    let start = process_start(&pid).unwrap_or_default();
+    format!("{epoch} {pid} {start}\n")
+}
+
+/// `cojob ready`: true once a live sidecar attached to the lease (its [`ATTACHED_FILE`] names
+/// a process that still runs, with the same start time).
 pub fn ready(shared_dir: &Path) -> bool {
-    shared_dir.join(ATTACHED_FILE).exists()
+    let Ok(content) = std::fs::read_to_string(shared_dir.join(ATTACHED_FILE)) else {
+        return false;
+    };
+    let mut words = content.split_whitespace();
+    match (words.next(), words.next(), words.next()) {
+        (Some(_epoch), Some(pid), Some(start)) => process_start(pid).as_deref() == Some(start),
+        _ => false,
+    }
+}
+
+/// `cojob ready --wait`: polls [`ready`] every 20 ms until it holds (true) or `timeout` passed
+/// (false). The sidecar's postStart hook: the kubelet starts the workload's containers only
+/// once the hook returned, so the workload starts within 20 ms of the attach, where a startup
+/// probe would wait for its next period.
+pub fn wait_ready(shared_dir: &Path, timeout: Duration) -> bool {
+    let started = std::time::Instant::now();
+    loop {
+        if ready(shared_dir) {
+            return true;
+        }
+        if started.elapsed() >= timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Exit code when the lease was lost.
@@ -152,18 +197,17 @@ pub async fn run(
 ) -> anyhow::Result<Outcome> {
     let ttl = Duration::from_secs(args.ttl_seconds);
     let dir = args.shared_dir.as_path();
-    // A restarted sidecar must not pass its startup probe on the previous run's file.
+    // A restarted sidecar must not open its start gate on the previous run's file (the gate
+    // also checks that the file's writer still runs).
     match std::fs::remove_file(dir.join(ATTACHED_FILE)) {
         Ok(()) => tracing::info!("removed the attached file of an earlier sidecar run"),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => {
-            return Err(anyhow::anyhow!(
-                "cannot reset the startup probe's file: {e}"
-            ));
+            return Err(anyhow::anyhow!("cannot reset the start gate's file: {e}"));
         }
     }
     // The workload's wrapper (`cojob wrap`) runs from the shared volume; it is in place
-    // before the startup probe can pass.
+    // before the start gate can open.
     install_wrapper(dir)?;
     let db = Db::open(&args.bucket).await?;
     let Some(mut lease) = db
@@ -243,8 +287,8 @@ pub async fn run(
         .map_err(|e| anyhow::anyhow!("cannot serve the workload API in {}: {e}", dir.display()))?;
     let _api = AbortOnDrop(api_task);
     if first.is_ok() {
-        // The startup probe (`cojob ready`) passes from now on, and the workload starts.
-        mark(dir, ATTACHED_FILE, &format!("{}\n", args.epoch));
+        // The start gate (`cojob ready --wait`) opens from now on, and the workload starts.
+        mark(dir, ATTACHED_FILE, &attached_content(args.epoch));
     }
     tokio::pin!(shutdown);
     let mut result = first;

@@ -3,13 +3,13 @@
 
 use cojob::{Error as StoreError, LeaseInfo, LeaseOptions};
 use kube::ResourceExt;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 
 use super::{RunPods, RunReport, SweepError, active, complete, finished, foreign, holder, now_str};
 use crate::announce::Announcements;
 use crate::context::JobScope;
 use crate::index::ActiveRun;
-use crate::pod::{RunIdentity, SidecarConfig};
+use crate::pod::{LABEL_JOB, LABEL_RUN, RunIdentity, SidecarConfig};
 use crate::run::{self, Acquire, Refusal, RunState};
 
 /// Acquires a new epoch for `run` and spawns its pod once every older pod is quiescent. `prev`
@@ -177,13 +177,32 @@ pub async fn dispatch(
 }
 
 /// Creates the pod of `(run, epoch)` (idempotent), then its holder Secret, owned by it. Returns
-/// the pod's name, or `None` while a pod of the same name from an older object still exists.
+/// the pod's name, or `None` while a pod of the same name from an older object still exists,
+/// or while a pod of an older attempt can still run.
+///
+/// The caller judged the older attempts' pods on the pass's view, which may come from the
+/// watch cache; from the second epoch on, they are listed afresh first, so a cache that lags
+/// can delay an attempt but never start one beside a live predecessor (G3).
 pub async fn spawn(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     epoch: u64,
     attempt: u32,
 ) -> Result<Option<String>, SweepError> {
+    if epoch > 1 {
+        let lp = ListParams::default().labels(&format!(
+            "{LABEL_JOB}={},{LABEL_RUN}={}",
+            scope.name, run.run_id
+        ));
+        let listed = scope.pods.list(&lp).await?.items;
+        let fresh = super::group_pods(scope, listed)
+            .remove(&run.run_id)
+            .unwrap_or_default();
+        if !super::pods::predecessors_quiescent(&fresh, epoch) {
+            tracing::info!(job = %scope.name, run = %run.run_id, epoch, "an older attempt's pod is still running; the new pod waits");
+            return Ok(None);
+        }
+    }
     let identity = RunIdentity {
         run_id: run.run_id.clone(),
         epoch,

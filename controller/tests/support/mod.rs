@@ -68,6 +68,11 @@ impl Budget {
         }
     }
 
+    /// Cuts this budget's bucket off (every request fails, reads too), or restores it.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst);
+    }
+
     /// True once the budget ran out.
     pub fn crashed(&self) -> bool {
         self.left
@@ -120,6 +125,19 @@ impl Backend for CrashBackend {
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         self.inner.list(prefix).await
     }
+}
+
+/// The store at `bucket` (an S3 URL), whose requests spend `budget`.
+pub fn store_with_budget(bucket: &str, budget: &Budget) -> Store {
+    let url = url::Url::parse(bucket).unwrap();
+    let (inner, prefix) = ObjectStoreBackend::from_url(&url).unwrap();
+    Store::new(
+        CrashBackend {
+            inner,
+            budget: budget.clone(),
+        },
+        &prefix,
+    )
 }
 
 /// One test's namespace, bucket prefix and fake clock.
@@ -188,16 +206,7 @@ impl Harness {
 
     /// Like [`context`](Self::context), with settings changed by `tune`.
     pub fn context_with(&self, budget: &Budget, tune: impl FnOnce(&mut Settings)) -> Arc<Context> {
-        let url = url::Url::parse(&self.bucket).unwrap();
-        let (inner, prefix) = ObjectStoreBackend::from_url(&url).unwrap();
-        let store = Store::new(
-            CrashBackend {
-                inner,
-                budget: budget.clone(),
-            },
-            &prefix,
-        );
-        let db = Db::new(store).with_clock(self.clock.clone());
+        let db = Db::new(store_with_budget(&self.bucket, budget)).with_clock(self.clock.clone());
         let api_budget = budget.clone();
         let filter =
             tower::filter::FilterLayer::new(move |req: http::Request<kube::client::Body>| {
@@ -225,12 +234,15 @@ impl Harness {
             holder_key: test_holder_key(),
             min_schedule_interval: Duration::from_secs(1),
             min_lease_ttl: Duration::from_secs(6),
+            debounce: Duration::ZERO,
         };
         tune(&mut settings);
         let metrics = Arc::new(cojob_controller::metrics::Metrics::new(db.store().clone()));
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             skipped: Default::default(),
+            pod_cache: Default::default(),
+            retries: Default::default(),
             client,
             db,
             settings,

@@ -16,7 +16,8 @@
 //!
 //! Timestamps are the API server's, whole seconds. The controller's CPU time and resident
 //! memory come from `/proc` (the cluster runs on this machine), its bucket requests from its
-//! `/metrics` (`--metrics`). `--json` writes the figures; `--check` fails on any duplicate or
+//! `/metrics` (`--metrics`), and the API server requests of each controller from the API
+//! server's own `/metrics` (dispatched requests by flow schema). `--json` writes the figures; `--check` fails on any duplicate or
 //! miss (CI runs N = 10 that way).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -280,6 +281,36 @@ async fn bucket_requests(metrics: &str) -> anyhow::Result<f64> {
         .sum())
 }
 
+/// API server requests dispatched so far, by who sent them: the cojob controller (its service
+/// account outside kube-system: flow schema `service-accounts`, which nothing else uses during
+/// the bench) and the kube-controller-manager (its controllers run under kube-system service
+/// accounts, plus its own identity; all of them, not only CronJob's and Job's).
+async fn api_requests() -> anyhow::Result<(f64, f64)> {
+    let text = cojob_e2e::run_tool("kubectl", &["get", "--raw", "/metrics"])
+        .await
+        .context("scraping the API server's /metrics")?;
+    let (mut cojob, mut kcm) = (0.0, 0.0);
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_flowcontrol_dispatched_requests_total{"))
+    {
+        let Some(value) = line
+            .rsplit_once(' ')
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if line.contains("flow_schema=\"service-accounts\"") {
+            cojob += value;
+        } else if line.contains("flow_schema=\"kube-system-service-accounts\"")
+            || line.contains("flow_schema=\"kube-controller-manager\"")
+        {
+            kcm += value;
+        }
+    }
+    Ok((cojob, kcm))
+}
+
 /// The next minute boundary after `t`.
 fn next_minute(t: DateTime<Utc>) -> DateTime<Utc> {
     let floor = t
@@ -299,6 +330,8 @@ struct SizeResult {
     controller_rss_bytes: u64,
     kube_controller_manager_cpu_seconds_per_tick: f64,
     bucket_requests_per_run: f64,
+    controller_api_requests_per_tick: f64,
+    kube_controller_manager_api_requests_per_tick: f64,
 }
 
 async fn run_size(client: &Client, o: &Options, n: usize) -> anyhow::Result<SizeResult> {
@@ -352,6 +385,7 @@ async fn measure(client: &Client, o: &Options, n: usize, ns: &str) -> anyhow::Re
     let (cpu0, _) = process_cost(is_cojob_controller);
     let (kcm0, _) = process_cost(is_kube_controller_manager);
     let req0 = bucket_requests(&o.metrics).await?;
+    let (api0, kcm_api0) = api_requests().await?;
     let last = ticks[ticks.len() - 1];
     // Until the last tick's pods have had 40 s to start.
     let wait = (last + chrono::Duration::seconds(40) - Utc::now())
@@ -365,6 +399,7 @@ async fn measure(client: &Client, o: &Options, n: usize, ns: &str) -> anyhow::Re
     let (cpu1, rss) = process_cost(is_cojob_controller);
     let (kcm1, _) = process_cost(is_kube_controller_manager);
     let req1 = bucket_requests(&o.metrics).await?;
+    let (api1, kcm_api1) = api_requests().await?;
     // Stop both kinds before reading back.
     let suspend = json!({"spec": {"suspend": true}});
     for i in 0..n {
@@ -455,6 +490,8 @@ async fn measure(client: &Client, o: &Options, n: usize, ns: &str) -> anyhow::Re
         controller_rss_bytes: rss,
         kube_controller_manager_cpu_seconds_per_tick: (kcm1 - kcm0) / f64::from(o.ticks),
         bucket_requests_per_run: (req1 - req0) / runs,
+        controller_api_requests_per_tick: (api1 - api0) / f64::from(o.ticks),
+        kube_controller_manager_api_requests_per_tick: (kcm_api1 - kcm_api0) / f64::from(o.ticks),
     })
 }
 
@@ -493,17 +530,19 @@ fn tables(results: &[SizeResult]) -> String {
         }
     }
     t.push_str(
-        "\n| N | dispatch lag p99, cojob / CronJob | start lag p99, cojob / CronJob | cojob controller CPU s per tick | kube-controller-manager CPU s per tick | cojob controller RSS (MiB) | bucket requests per run |\n\
-         |---|---|---|---|---|---|---|\n",
+        "\n| N | dispatch lag p99, cojob / CronJob | start lag p99, cojob / CronJob | cojob controller CPU s per tick | kube-controller-manager CPU s per tick | API requests per tick, cojob controller / kube-controller-manager | cojob controller RSS (MiB) | bucket requests per run |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         t.push_str(&format!(
-            "| {} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} |\n",
+            "| {} | {} | {} | {:.2} | {:.2} | {:.0} / {:.0} | {:.1} | {:.1} |\n",
             r.n,
             ratio(r.cojob.dispatch.p99, r.cronjob.dispatch.p99),
             ratio(r.cojob.start.p99, r.cronjob.start.p99),
             r.controller_cpu_seconds_per_tick,
             r.kube_controller_manager_cpu_seconds_per_tick,
+            r.controller_api_requests_per_tick,
+            r.kube_controller_manager_api_requests_per_tick,
             r.controller_rss_bytes as f64 / (1024.0 * 1024.0),
             r.bucket_requests_per_run
         ));
