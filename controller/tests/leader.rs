@@ -102,19 +102,29 @@ async fn leader_lease(bucket: &str) -> cojob::LeaseInfo {
         .expect("a leader lease")
 }
 
+/// Starts replica `a`, waits until it leads, then starts `b` and waits until it stands by.
+async fn leader_and_standby(
+    bucket: &str,
+    ttl: Duration,
+    leaders: &Arc<Leaders>,
+) -> (Replica, Replica) {
+    let a = replica(bucket, "a", ttl, leaders);
+    until("a leads", Duration::from_secs(20), || a.metrics.is_leader()).await;
+    let b = replica(bucket, "b", ttl, leaders);
+    until("b is ready", Duration::from_secs(20), || {
+        b.metrics.is_ready()
+    })
+    .await;
+    (a, b)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_leads_and_a_crashed_leader_is_replaced_after_its_ttl() {
     let bucket = bucket("crash");
     let leaders = Arc::new(Leaders::default());
     let ttl = Duration::from_secs(3);
-    let a = replica(&bucket, "a", ttl, &leaders);
-    until("a leads", Duration::from_secs(20), || a.metrics.is_leader()).await;
-    let b = replica(&bucket, "b", ttl, &leaders);
+    let (a, b) = leader_and_standby(&bucket, ttl, &leaders).await;
     // Two ttls: a renews, so b stands by (and says it is ready to take over).
-    until("b is ready", Duration::from_secs(20), || {
-        b.metrics.is_ready()
-    })
-    .await;
     tokio::time::sleep(ttl * 2).await;
     assert!(!b.metrics.is_leader());
     assert_eq!(leaders.now.load(Ordering::SeqCst), 1);
@@ -148,13 +158,7 @@ async fn a_leader_that_shuts_down_hands_over_without_waiting_for_its_ttl() {
     let bucket = bucket("handover");
     let leaders = Arc::new(Leaders::default());
     let ttl = Duration::from_secs(60);
-    let mut a = replica(&bucket, "a", ttl, &leaders);
-    until("a leads", Duration::from_secs(20), || a.metrics.is_leader()).await;
-    let b = replica(&bucket, "b", ttl, &leaders);
-    until("b is ready", Duration::from_secs(20), || {
-        b.metrics.is_ready()
-    })
-    .await;
+    let (mut a, b) = leader_and_standby(&bucket, ttl, &leaders).await;
     assert!(!b.metrics.is_leader());
 
     a.stop.take().unwrap().send(()).unwrap();
@@ -172,13 +176,7 @@ async fn a_leader_cut_off_from_the_bucket_stops_before_another_takes_over() {
     let bucket = bucket("partition");
     let leaders = Arc::new(Leaders::default());
     let ttl = Duration::from_secs(3);
-    let a = replica(&bucket, "a", ttl, &leaders);
-    until("a leads", Duration::from_secs(20), || a.metrics.is_leader()).await;
-    let b = replica(&bucket, "b", ttl, &leaders);
-    until("b is ready", Duration::from_secs(20), || {
-        b.metrics.is_ready()
-    })
-    .await;
+    let (a, b) = leader_and_standby(&bucket, ttl, &leaders).await;
 
     a.down.set_down(true);
     until("a stops leading", Duration::from_secs(20), || {
