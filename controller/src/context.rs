@@ -38,6 +38,9 @@ pub struct Settings {
     pub debounce: Duration,
     /// The key lease holders are derived under (never printed).
     pub holder_key: crate::sweeper::holder::HolderKey,
+    /// Mints each attempt's short-lived credentials, scoped to its run (`--sts-role-arn`);
+    /// `None` to give sidecars only what is forwarded or `sidecar_credentials_secret`.
+    pub minter: Option<std::sync::Arc<crate::credentials::Minter>>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -58,6 +61,7 @@ impl std::fmt::Debug for Settings {
             .field("min_schedule_interval", &self.min_schedule_interval)
             .field("min_lease_ttl", &self.min_lease_ttl)
             .field("debounce", &self.debounce)
+            .field("minted_credentials", &self.minter.is_some())
             .finish_non_exhaustive()
     }
 }

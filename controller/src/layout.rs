@@ -81,9 +81,15 @@ impl JobKeys {
         format!("{}/backfills/{id}", self.base)
     }
 
+    /// The folder of a run: its lease and its steps, all that its sidecar touches (and all
+    /// that its minted credentials open, see [`crate::credentials`]).
+    pub fn run_folder(&self, run_id: &str) -> String {
+        format!("{}/runs/{run_id}", self.base)
+    }
+
     /// The lease of a run.
     pub fn lease(&self, run_id: &str) -> String {
-        format!("{}/runs/{run_id}/lease", self.base)
+        format!("{}/lease", self.run_folder(run_id))
     }
 }
 

@@ -14,6 +14,7 @@ pub mod backfill;
 pub mod cli;
 pub mod context;
 pub mod crd;
+pub mod credentials;
 pub mod fence;
 pub mod index;
 pub mod layout;

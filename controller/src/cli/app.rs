@@ -71,7 +71,7 @@ enum Command {
     /// Resumes a suspended CoordinatedJob's schedule.
     Resume(super::ask::SuspendArgs),
     /// Runs the operator.
-    Controller(super::operator::ControllerArgs),
+    Controller(Box<super::operator::ControllerArgs>),
     /// Deletes every CoordinatedJob and waits until their runs are cancelled (before uninstall).
     Drain(super::operator::DrainArgs),
     /// Prints the version.
@@ -168,7 +168,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Cancel(args) => super::ask::cancel(args).await,
         Command::Suspend(args) => super::ask::set_suspended(args, true).await,
         Command::Resume(args) => super::ask::set_suspended(args, false).await,
-        Command::Controller(args) => super::operator::controller(args).await,
+        Command::Controller(args) => super::operator::controller(*args).await,
         Command::Drain(args) => super::operator::drain(args).await,
         Command::Version => {
             println!("cojob {}", env!("CARGO_PKG_VERSION"));

@@ -13,6 +13,7 @@ use kube::{Client, ResourceExt};
 
 use crate::context::{Context, Settings};
 use crate::crd::CoordinatedJob;
+use crate::credentials::{Minter, StsSettings};
 use crate::sweeper::holder::HolderKey;
 
 /// A secret argument: parsed as given, never printed by `Debug`.
@@ -109,6 +110,56 @@ pub struct ControllerArgs {
     /// renewed every third of it, and a standby asks for it every 2 s.
     #[arg(long, env = "COJOB_LEADER_LEASE_TTL", default_value = "15s", value_parser = humantime::parse_duration)]
     pub leader_lease_ttl: Duration,
+    /// Mint each attempt's store credentials with STS AssumeRole on this role, with a session
+    /// policy that opens only the run's folder (s3:// stores only). The holder Secret then
+    /// carries those, and no tenant sees a credential that opens more than one run. Not with
+    /// `--sidecar-credentials-secret`.
+    #[arg(long, env = "COJOB_STS_ROLE_ARN")]
+    pub sts_role_arn: Option<String>,
+    /// The STS endpoint (default: AWS's, for the region in AWS_REGION). For MinIO, its S3
+    /// endpoint.
+    #[arg(long, env = "COJOB_STS_ENDPOINT")]
+    pub sts_endpoint: Option<String>,
+    /// How long minted credentials last for a job without `activeDeadlineSeconds`, and at
+    /// most for any job (a job's deadline plus one lease ttl sets it otherwise; 15 minutes at
+    /// least). Keep it within the role's maximum session duration.
+    #[arg(long, env = "COJOB_STS_DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub sts_duration: Duration,
+}
+
+/// The minter of `--sts-role-arn`, if any; refuses settings that would not work.
+fn minter(args: &ControllerArgs) -> anyhow::Result<Option<Arc<Minter>>> {
+    let Some(role_arn) = args.sts_role_arn.clone().filter(|r| !r.is_empty()) else {
+        return Ok(None);
+    };
+    if args
+        .sidecar_credentials_secret
+        .as_deref()
+        .is_some_and(|s| !s.is_empty())
+    {
+        anyhow::bail!(
+            "refusing to start: --sts-role-arn and --sidecar-credentials-secret both give sidecars \
+             credentials; choose one"
+        );
+    }
+    if args.sts_duration < crate::credentials::MIN_DURATION {
+        anyhow::bail!(
+            "refusing to start: --sts-duration {:?} is under STS's minimum of 15 minutes",
+            args.sts_duration
+        );
+    }
+    let region = ["AWS_REGION", "AWS_DEFAULT_REGION"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|r| !r.is_empty()))
+        .unwrap_or_else(|| "us-east-1".into());
+    let sts = StsSettings {
+        role_arn,
+        endpoint: args.sts_endpoint.clone().filter(|e| !e.is_empty()),
+        region,
+        duration: args.sts_duration,
+    };
+    let m = Minter::new(&args.bucket, sts).context("refusing to start: --sts-role-arn")?;
+    Ok(Some(Arc::new(m)))
 }
 
 /// Parts of a variable's name that mark it as a secret, which is never forwarded by default.
@@ -213,6 +264,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
             args.leader_lease_ttl
         );
     }
+    let minter = minter(&args)?;
     let db = cojob::Db::open(&args.bucket)
         .await
         .with_context(|| format!("opening the store {}", args.bucket))?;
@@ -252,6 +304,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         min_schedule_interval: args.min_schedule_interval,
         min_lease_ttl: args.min_lease_ttl,
         debounce: args.reconcile_debounce,
+        minter,
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");
     let metrics = Arc::new(crate::metrics::Metrics::new(db.store().clone()));

@@ -102,7 +102,12 @@ impl Error {
     pub fn is_store(&self) -> bool {
         matches!(
             self,
-            Error::Store(_) | Error::Sweep(SweepError::Store(_) | SweepError::Foreign { .. })
+            Error::Store(_)
+                | Error::Sweep(
+                    SweepError::Store(_)
+                        | SweepError::Foreign { .. }
+                        | SweepError::Credentials { .. }
+                )
         )
     }
 
@@ -162,6 +167,14 @@ impl Error {
                     "InvalidStoreDocument",
                     format!(
                         "run {run_id}: its lease in the bucket is not a cojob run; it is left untouched ({LOG})"
+                    ),
+                ));
+            }
+            Error::Sweep(SweepError::Credentials { run_id, .. }) => {
+                return Some((
+                    "CredentialsUnavailable",
+                    format!(
+                        "run {run_id}: its short-lived store credentials could not be minted; retrying ({LOG})"
                     ),
                 ));
             }

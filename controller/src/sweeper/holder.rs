@@ -126,6 +126,42 @@ pub async fn hand_to(
     }
 }
 
+/// Mints the attempt's credentials, for as long as the job's deadline asks (a Warning Event
+/// when that is beyond what the controller may grant).
+async fn minted(
+    scope: &JobScope<'_>,
+    minter: &crate::credentials::Minter,
+    run_id: &str,
+    epoch: u64,
+) -> Result<crate::credentials::RunCredentials, SweepError> {
+    let spec = &scope.job.spec;
+    let (duration, short) =
+        minter.duration_for(spec.active_deadline_seconds, spec.lease.ttl_seconds);
+    if short {
+        scope
+            .warning(
+                "CredentialsExpireBeforeDeadline",
+                format!(
+                    "run {run_id} attempt {epoch}: its store credentials last {} s, less than \
+                     activeDeadlineSeconds plus one lease ttl; if it runs that long its sidecar \
+                     can no longer renew the lease and the run is taken over",
+                    duration.as_secs()
+                ),
+            )
+            .await;
+    }
+    let folder = scope.keys.run_folder(run_id);
+    let creds = minter
+        .mint(&folder, run_id, epoch, duration)
+        .await
+        .map_err(|source| SweepError::Credentials {
+            run_id: run_id.into(),
+            source,
+        })?;
+    tracing::info!(job = %scope.name, run = %run_id, epoch, expires_at = %creds.expires_at, "minted the attempt's store credentials");
+    Ok(creds)
+}
+
 async fn create_secret(
     scope: &JobScope<'_>,
     name: &str,
@@ -147,6 +183,11 @@ async fn create_secret(
         HOLDER_KEY.into(),
         ByteString(holder(scope, run_id, epoch).into_bytes()),
     );
+    if let Some(minter) = &scope.cx.settings.minter {
+        for (k, v) in minted(scope, minter, run_id, epoch).await?.env() {
+            data.insert(k.into(), ByteString(v.into_bytes()));
+        }
+    }
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),

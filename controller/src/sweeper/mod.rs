@@ -74,6 +74,14 @@ pub enum SweepError {
         /// The API server's message.
         message: String,
     },
+    /// The attempt's short-lived store credentials could not be minted.
+    #[error("run {run_id}: {source}")]
+    Credentials {
+        /// The run.
+        run_id: String,
+        /// What failed.
+        source: crate::credentials::MintError,
+    },
 }
 
 /// Where a run stands after a sweep.

@@ -207,6 +207,17 @@ impl Harness {
     /// Like [`context`](Self::context), with settings changed by `tune`.
     pub fn context_with(&self, budget: &Budget, tune: impl FnOnce(&mut Settings)) -> Arc<Context> {
         let db = Db::new(store_with_budget(&self.bucket, budget)).with_clock(self.clock.clone());
+        self.context_on(db, budget, tune)
+    }
+
+    /// Like [`context_with`](Self::context_with), on the bucket `db` (another store; its
+    /// settings' `bucket` is for `tune` to set).
+    pub fn context_on(
+        &self,
+        db: Db,
+        budget: &Budget,
+        tune: impl FnOnce(&mut Settings),
+    ) -> Arc<Context> {
         let api_budget = budget.clone();
         let filter =
             tower::filter::FilterLayer::new(move |req: http::Request<kube::client::Body>| {
@@ -235,6 +246,7 @@ impl Harness {
             min_schedule_interval: Duration::from_secs(1),
             min_lease_ttl: Duration::from_secs(6),
             debounce: Duration::ZERO,
+            minter: None,
         };
         tune(&mut settings);
         let metrics = Arc::new(cojob_controller::metrics::Metrics::new(db.store().clone()));

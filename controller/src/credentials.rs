@@ -1,0 +1,340 @@
+//! Short-lived store credentials scoped to one run, minted by the controller.
+//!
+//! With `--sts-role-arn`, every attempt's holder Secret carries credentials of its own instead
+//! of anything forwarded: the controller calls STS `AssumeRole` with a *session policy* that
+//! allows only `s3:GetObject` and `s3:PutObject` under the run's folder
+//! (`<prefix>/v1/jobs/<namespace>/<job>/<uid>/runs/<run>/`), for a limited time. Whoever reads
+//! that Secret (anyone who may create pods in the namespace) gets a key that opens one run's
+//! lease and steps until it expires: not another run's, not another namespace's, not the
+//! index or the tick claims.
+//!
+//! The effective permissions are the role's (or, on MinIO, the calling user's) intersected with
+//! the session policy, so the role may be as broad as the controller's own access. The call is
+//! signed with the controller's credentials, found as for the bucket (environment, web identity,
+//! container or instance metadata). Tested against MinIO's STS; AWS STS takes the same request.
+//!
+//! ```
+//! use cojob_controller::credentials::session_policy;
+//! let p: serde_json::Value = serde_json::from_str(&session_policy(
+//!     "results", "cojob", "v1/jobs/team-a/nightly/6f1c/runs/nightly-1786240800",
+//! )).unwrap();
+//! assert_eq!(
+//!     p["Statement"][0]["Resource"][0],
+//!     "arn:aws:s3:::results/cojob/v1/jobs/team-a/nightly/6f1c/runs/nightly-1786240800/*"
+//! );
+//! assert_eq!(p["Statement"][0]["Action"], serde_json::json!(["s3:GetObject", "s3:PutObject"]));
+//! ```
+
+use aws_credential_types::Credentials;
+use aws_credential_types::provider::{self, ProvideCredentials, error::CredentialsError};
+use chrono::{DateTime, Utc};
+use std::fmt;
+use std::time::Duration;
+
+/// The shortest session STS grants (15 minutes).
+pub const MIN_DURATION: Duration = Duration::from_secs(900);
+
+/// How the controller mints run credentials (`--sts-*`).
+#[derive(Debug, Clone)]
+pub struct StsSettings {
+    /// The role to assume (`--sts-role-arn`). MinIO ignores it: the session inherits the
+    /// calling user's policy.
+    pub role_arn: String,
+    /// The STS endpoint (`--sts-endpoint`); `None` for AWS's regional endpoint.
+    pub endpoint: Option<String>,
+    /// The region the request is signed for.
+    pub region: String,
+    /// How long credentials last when the job sets no `activeDeadlineSeconds`
+    /// (`--sts-duration`), and the longest any run gets: a run with a longer deadline is
+    /// warned about at dispatch (`CredentialsExpireBeforeDeadline`).
+    pub duration: Duration,
+}
+
+/// Why credentials could not be minted.
+#[derive(Debug, thiserror::Error)]
+pub enum MintError {
+    /// The store URL is not an `s3://bucket/prefix` URL.
+    #[error("short-lived credentials need an s3:// store, not {0}")]
+    NotS3(String),
+    /// The controller's own credentials could not be found or built.
+    #[error("the controller's credentials: {0}")]
+    Setup(String),
+    /// STS refused or failed (the service's code and message; may name the principal, so it
+    /// goes only to the controller's log).
+    #[error("STS AssumeRole failed: {0}")]
+    Sts(String),
+    /// STS answered without credentials.
+    #[error("STS AssumeRole answered without credentials")]
+    Empty,
+}
+
+/// One attempt's credentials. `Debug` shows only the key id and the expiry.
+#[derive(Clone, PartialEq)]
+pub struct RunCredentials {
+    /// `AWS_ACCESS_KEY_ID`.
+    pub access_key_id: String,
+    /// `AWS_SECRET_ACCESS_KEY`.
+    pub secret_access_key: String,
+    /// `AWS_SESSION_TOKEN`.
+    pub session_token: String,
+    /// When STS lets them expire.
+    pub expires_at: DateTime<Utc>,
+}
+
+impl fmt::Debug for RunCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunCredentials")
+            .field("access_key_id", &self.access_key_id)
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunCredentials {
+    /// The variables a sidecar reads them from (object_store's names), with the expiry as
+    /// `COJOB_CREDENTIALS_EXPIRE_AT` (RFC 3339).
+    pub fn env(&self) -> [(&'static str, String); 4] {
+        [
+            ("AWS_ACCESS_KEY_ID", self.access_key_id.clone()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret_access_key.clone()),
+            ("AWS_SESSION_TOKEN", self.session_token.clone()),
+            ("COJOB_CREDENTIALS_EXPIRE_AT", self.expires_at.to_rfc3339()),
+        ]
+    }
+}
+
+/// The session policy of one run: read and write objects under `<bucket>/<prefix>/<run_folder>/`
+/// and nothing else (no list, no delete, no other key).
+pub fn session_policy(bucket: &str, prefix: &str, run_folder: &str) -> String {
+    let path = [prefix, run_folder]
+        .iter()
+        .map(|p| p.trim_matches('/'))
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("/");
+    serde_json::json!({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Action": ["s3:GetObject", "s3:PutObject"],
+            "Resource": [format!("arn:aws:s3:::{bucket}/{path}/*")],
+        }],
+    })
+    .to_string()
+}
+
+/// The session name STS records for an attempt (at most 64 of `[\w+=,.@-]`).
+fn session_name(run_id: &str, epoch: u64) -> String {
+    let mut name: String = format!("cojob-{run_id}-{epoch}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "+=,.@-_".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    name.truncate(64);
+    name
+}
+
+/// STS's code and message when it answered, else what failed on the way (never the raw
+/// response).
+fn describe(
+    e: aws_sdk_sts::error::SdkError<aws_sdk_sts::operation::assume_role::AssumeRoleError>,
+) -> MintError {
+    use aws_sdk_sts::error::ProvideErrorMetadata as _;
+    MintError::Sts(match (e.code(), e.message()) {
+        (Some(code), message) => format!("{code}: {}", message.unwrap_or("(no message)")),
+        _ => aws_sdk_sts::error::DisplayErrorContext(e).to_string(),
+    })
+}
+
+/// The controller's credentials as object_store resolves them for the bucket, for signing
+/// STS requests.
+#[derive(Debug)]
+struct ControllerCredentials(object_store::aws::AwsCredentialProvider);
+
+impl ProvideCredentials for ControllerCredentials {
+    fn provide_credentials<'a>(&'a self) -> provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        provider::future::ProvideCredentials::new(async move {
+            let c = self
+                .0
+                .get_credential()
+                .await
+                .map_err(CredentialsError::provider_error)?;
+            Ok(Credentials::new(
+                c.key_id.clone(),
+                c.secret_key.clone(),
+                c.token.clone(),
+                None,
+                "cojob-controller",
+            ))
+        })
+    }
+}
+
+/// Mints run credentials with STS.
+#[derive(Debug)]
+pub struct Minter {
+    client: aws_sdk_sts::Client,
+    role_arn: String,
+    duration: Duration,
+    bucket: String,
+    prefix: String,
+}
+
+impl Minter {
+    /// A minter for the runs of the store `store_url` (`s3://bucket/prefix`), signing with the
+    /// controller's credentials from the environment (as for the bucket).
+    pub fn new(store_url: &str, sts: StsSettings) -> Result<Minter, MintError> {
+        Self::with_builder(
+            store_url,
+            sts,
+            object_store::aws::AmazonS3Builder::from_env(),
+        )
+    }
+
+    /// Like [`new`](Self::new), signing with the credentials that `builder` resolves.
+    pub fn with_builder(
+        store_url: &str,
+        sts: StsSettings,
+        builder: object_store::aws::AmazonS3Builder,
+    ) -> Result<Minter, MintError> {
+        let url = url::Url::parse(store_url).map_err(|_| MintError::NotS3(store_url.into()))?;
+        let bucket = match (url.scheme(), url.host_str()) {
+            ("s3" | "s3a", Some(b)) if !b.is_empty() => b.to_string(),
+            _ => return Err(MintError::NotS3(store_url.into())),
+        };
+        let own = builder
+            .with_url(store_url)
+            .build()
+            .map_err(|e| MintError::Setup(e.to_string()))?;
+        let mut config = aws_sdk_sts::Config::builder()
+            .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
+            .region(aws_sdk_sts::config::Region::new(sts.region))
+            .credentials_provider(ControllerCredentials(own.credentials().clone()));
+        if let Some(endpoint) = sts.endpoint {
+            config = config.endpoint_url(endpoint);
+        }
+        Ok(Minter {
+            client: aws_sdk_sts::Client::from_conf(config.build()),
+            role_arn: sts.role_arn,
+            duration: sts.duration.max(MIN_DURATION),
+            bucket,
+            prefix: url.path().trim_matches('/').to_string(),
+        })
+    }
+
+    /// How long an attempt's credentials should last: the job's deadline plus one lease ttl
+    /// (the sidecar's last write comes after the workload ends), at least
+    /// [`MIN_DURATION`]; the configured duration when the job has no deadline. The second
+    /// value is true when that is shorter than the deadline asks for.
+    ///
+    /// ```
+    /// # use cojob_controller::credentials::{Minter, StsSettings};
+    /// # use std::time::Duration;
+    /// # let m = Minter::new("s3://b/p", StsSettings { role_arn: "r".into(), endpoint: Some("http://127.0.0.1:1".into()), region: "us-east-1".into(), duration: Duration::from_secs(3600) }).unwrap();
+    /// assert_eq!(m.duration_for(Some(60), 30), (Duration::from_secs(900), false));
+    /// assert_eq!(m.duration_for(Some(1800), 30), (Duration::from_secs(1830), false));
+    /// assert_eq!(m.duration_for(None, 30), (Duration::from_secs(3600), false));
+    /// assert_eq!(m.duration_for(Some(7200), 30), (Duration::from_secs(3600), true));
+    /// ```
+    pub fn duration_for(
+        &self,
+        deadline_seconds: Option<i64>,
+        ttl_seconds: i64,
+    ) -> (Duration, bool) {
+        match deadline_seconds {
+            None => (self.duration, false),
+            Some(d) => {
+                let want = Duration::from_secs((d.max(0) + ttl_seconds.max(0)) as u64);
+                (
+                    want.clamp(MIN_DURATION, self.duration),
+                    want > self.duration,
+                )
+            }
+        }
+    }
+
+    /// Mints credentials for the attempt `epoch` of the run whose folder is `run_folder`
+    /// (relative to the store's prefix), valid for `duration`.
+    pub async fn mint(
+        &self,
+        run_folder: &str,
+        run_id: &str,
+        epoch: u64,
+        duration: Duration,
+    ) -> Result<RunCredentials, MintError> {
+        let request = self
+            .client
+            .assume_role()
+            .role_arn(&self.role_arn)
+            .role_session_name(session_name(run_id, epoch))
+            .policy(session_policy(&self.bucket, &self.prefix, run_folder))
+            .duration_seconds(i32::try_from(duration.as_secs()).unwrap_or(i32::MAX))
+            .send();
+        // Boxed: the SDK's future is deep, and a reconcile's would otherwise outgrow the
+        // compiler's layout limit.
+        let out = Box::pin(request).await.map_err(describe)?;
+        let c = out.credentials().ok_or(MintError::Empty)?;
+        let expires_at =
+            DateTime::from_timestamp(c.expiration().secs(), 0).ok_or(MintError::Empty)?;
+        Ok(RunCredentials {
+            access_key_id: c.access_key_id().to_string(),
+            secret_access_key: c.secret_access_key().to_string(),
+            session_token: c.session_token().to_string(),
+            expires_at,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_names_are_what_sts_accepts() {
+        assert_eq!(
+            session_name("nightly-1786240800", 2),
+            "cojob-nightly-1786240800-2"
+        );
+        let long = session_name(&"x".repeat(80), 1);
+        assert_eq!(long.len(), 64);
+        assert_eq!(session_name("a/b c", 1), "cojob-a-b-c-1");
+    }
+
+    #[test]
+    fn a_policy_without_prefix_has_no_empty_segment() {
+        let p = session_policy("b", "", "v1/jobs/n/j/u/runs/r");
+        assert!(p.contains("arn:aws:s3:::b/v1/jobs/n/j/u/runs/r/*"), "{p}");
+    }
+
+    #[test]
+    fn only_s3_stores_can_have_minted_credentials() {
+        let sts = StsSettings {
+            role_arn: "r".into(),
+            endpoint: None,
+            region: "us-east-1".into(),
+            duration: Duration::from_secs(3600),
+        };
+        let e = Minter::new("az://container/p", sts).unwrap_err();
+        assert!(matches!(e, MintError::NotS3(_)), "{e}");
+    }
+
+    #[test]
+    fn debug_hides_the_secret_and_the_token() {
+        let c = RunCredentials {
+            access_key_id: "AKID".into(),
+            secret_access_key: "SECRET".into(),
+            session_token: "TOKEN".into(),
+            expires_at: DateTime::UNIX_EPOCH,
+        };
+        let shown = format!("{c:?}");
+        assert!(shown.contains("AKID") && !shown.contains("SECRET") && !shown.contains("TOKEN"));
+    }
+}
