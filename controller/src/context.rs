@@ -80,6 +80,8 @@ pub struct Context {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The rate limit of `RunSkipped` Events.
     pub skipped: crate::announce::SkippedTicks,
+    /// When each running attempt's minted credentials are next renewed.
+    pub renewals: crate::credentials::Renewals,
     /// The run pods the controller's watch has seen, by job (empty and unused when reconcile
     /// is called without [`crate::reconcile::run`], as in tests: passes then list pods).
     pub pod_cache: crate::pod_cache::PodCache,

@@ -295,8 +295,16 @@ async fn a_run_pod_completes_with_nothing_but_its_minted_credentials() {
     );
     let left = (minted.expires_at - chrono::Utc::now()).num_seconds();
     assert!(
-        (1150..=1230).contains(&left),
-        "deadline 1200 s + ttl 30 s, yet {left} s left"
+        (1700..=1800).contains(&left),
+        "minted for 1800 s, yet {left} s left"
+    );
+    let refresh: chrono::DateTime<chrono::Utc> = field("COJOB_CREDENTIALS_REFRESH_AT")
+        .parse()
+        .expect("an RFC 3339 time");
+    assert_eq!(
+        (minted.expires_at - refresh).num_seconds(),
+        720,
+        "the sidecar looks for a renewal from 60 % of the life"
     );
     let s3 = as_run(&minted);
     s3.get(&Path::from(format!("{}/{lease_key}", h.ns)))
@@ -309,4 +317,234 @@ async fn a_run_pod_completes_with_nothing_but_its_minted_credentials() {
         "the job's index",
     );
     h.cleanup().await;
+}
+
+/// The controller's bucket on MinIO under the test's prefix, on the harness's fake clock.
+fn controller_db(h: &Harness) -> Db {
+    let own = controller_builder()
+        .with_url(minio_url(&h.ns))
+        .build()
+        .expect("MinIO");
+    Db::new(Store::new(ObjectStoreBackend::new(Arc::new(own)), &h.ns)).with_clock(h.clock.clone())
+}
+
+/// A controller context on `db` that mints 15-minute credentials.
+fn minting_context(h: &Harness, db: &Db) -> Arc<cojob_controller::context::Context> {
+    let url = minio_url(&h.ns);
+    h.context_on(db.clone(), &Budget::unlimited(), |s| {
+        s.bucket = url.clone();
+        s.minter = Some(Arc::new(
+            Minter::with_builder(&url, sts(Duration::from_secs(900)), controller_builder())
+                .expect("a minter"),
+        ));
+    })
+}
+
+/// At half their life a running attempt's credentials are renewed, once, sealed for its
+/// holder next to its lease; a restarted controller reads what was renewed instead of minting
+/// again.
+#[tokio::test]
+async fn credentials_are_renewed_at_half_life_once_and_sealed_for_the_holder() {
+    use cojob_controller::credentials::renewable::renewal_key;
+    use cojob_controller::credentials::sealed::unseal;
+    let h = Harness::new("it-sts-renew").await;
+    let db = controller_db(&h);
+    let cx = minting_context(&h, &db);
+    // No node runs the pod (the harness's template): the attempt stays pending, which is
+    // still an attempt whose pod may run.
+    h.create_job("long", json!({"lease": {"ttlSeconds": 3600}}))
+        .await;
+    let keys = h.keys("long").await;
+    let lease_key = keys.lease("long-once");
+    let doc_key = renewal_key(&lease_key, 1);
+    let raw = async |key: &str| db.store().get(key).await.expect("get").map(|(b, _)| b);
+    h.reconcile_with(&cx, "long").await.expect("dispatch");
+    let created = h.pods().get("long-once-1").await.expect("the pod");
+    let created_at = chrono::DateTime::from_timestamp(
+        created.metadata.creation_timestamp.unwrap().0.as_second(),
+        0,
+    )
+    .unwrap();
+    h.reconcile_with(&cx, "long").await.expect("a pass");
+    assert!(raw(&doc_key).await.is_none(), "renewed before half-life");
+
+    // Half of the 900 s life has passed (on the controller's clock).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    h.clock.set(created_at + chrono::Duration::seconds(451));
+    h.reconcile_with(&cx, "long")
+        .await
+        .expect("the renewing pass");
+    let body = raw(&doc_key).await.expect("the renewal is written");
+    let holder = h.derived_holder("long", "long-once", 1).await;
+    let renewal = unseal(&holder, &lease_key, 1, &body).expect("it opens with the holder");
+    assert!(
+        unseal(
+            &h.derived_holder("long", "long-once", 2).await,
+            &lease_key,
+            1,
+            &body
+        )
+        .is_err(),
+        "another attempt's holder opened it"
+    );
+    let c = &renewal.credentials;
+    let life = (c.expires_at - renewal.refresh_at).num_seconds();
+    assert!(
+        (355..=365).contains(&life),
+        "the sidecar looks from 60 % of the life: {life} s left"
+    );
+    let s3 = as_run(c);
+    s3.get(&Path::from(format!("{}/{lease_key}", h.ns)))
+        .await
+        .expect("the renewed key opens the run's lease");
+    denied(
+        s3.get(&Path::from(format!("{}/{}", h.ns, keys.index())))
+            .await
+            .map(|_| ()),
+        "the renewed key on the job's index",
+    );
+
+    // Renewed once: later passes, and a restarted controller whose clock is past the first
+    // credentials' half-life but not the renewal's, leave it as it is.
+    h.clock.set(c.expires_at - chrono::Duration::seconds(451));
+    h.reconcile_with(&cx, "long").await.expect("a pass");
+    let restarted = minting_context(&h, &db);
+    h.reconcile_with(&restarted, "long")
+        .await
+        .expect("a restarted controller's pass");
+    assert_eq!(raw(&doc_key).await.as_ref(), Some(&body), "minted again");
+
+    // At the renewal's own half-life, the next one.
+    h.clock.set(c.expires_at - chrono::Duration::seconds(449));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.reconcile_with(&restarted, "long")
+        .await
+        .expect("the second renewal");
+    let next = unseal(&holder, &lease_key, 1, &raw(&doc_key).await.unwrap()).unwrap();
+    assert!(
+        next.credentials.expires_at > c.expires_at,
+        "{next:?} after {renewal:?}"
+    );
+    h.cleanup().await;
+}
+
+/// The sidecar takes the renewal sealed for it: starting with credentials that may read
+/// nothing but its renewals, it attaches to its lease only by signing with the renewed ones.
+#[tokio::test]
+async fn the_sidecar_signs_with_the_renewal_it_unseals() {
+    use cojob_controller::credentials::renewable::renewal_key;
+    use cojob_controller::credentials::sealed::{Renewal, seal};
+    let prefix = format!("sts-sidecar-{}", std::process::id());
+    let url = minio_url(&prefix);
+    let root = controller_builder().with_url(&url).build().expect("MinIO");
+    let db = Db::new(Store::new(ObjectStoreBackend::new(Arc::new(root)), &prefix));
+    let folder = "v1/jobs/t/j/u/runs/j-once";
+    let lease_key = format!("{folder}/lease");
+    let holder = cojob::new_holder();
+    db.lease(
+        &lease_key,
+        cojob::LeaseOptions::new(holder.clone(), Duration::from_secs(30)),
+    )
+    .await
+    .expect("acquire")
+    .expect("free");
+    let m = minter(&prefix);
+    let only_renewals = m
+        .mint(
+            &format!("{folder}/credentials"),
+            "j-once",
+            1,
+            Duration::from_secs(900),
+        )
+        .await
+        .expect("minted");
+    let full = m
+        .mint(folder, "j-once", 1, Duration::from_secs(1000))
+        .await
+        .expect("minted");
+    let now = chrono::Utc::now();
+    let sidecar = |refresh_at: chrono::DateTime<chrono::Utc>, shared: &std::path::Path| {
+        let c = &only_renewals;
+        std::process::Command::new(env!("CARGO_BIN_EXE_cojob"))
+            .arg("sidecar")
+            .env_clear()
+            .env("AWS_ENDPOINT_URL", endpoint())
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ACCESS_KEY_ID", &c.access_key_id)
+            .env("AWS_SECRET_ACCESS_KEY", &c.secret_access_key)
+            .env("AWS_SESSION_TOKEN", &c.session_token)
+            .env("COJOB_CREDENTIALS_EXPIRE_AT", c.expires_at.to_rfc3339())
+            .env("COJOB_CREDENTIALS_REFRESH_AT", refresh_at.to_rfc3339())
+            .env("COJOB_BUCKET", &url)
+            .env("COJOB_LEASE_KEY", &lease_key)
+            .env("COJOB_EPOCH", "1")
+            .env("COJOB_HOLDER", &holder)
+            .env("COJOB_LEASE_TTL_SECONDS", "30")
+            .env("COJOB_SHARED_DIR", shared)
+            .env("POD_UID", "uid-a")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the sidecar")
+    };
+    let body = seal(
+        &holder,
+        &lease_key,
+        1,
+        &Renewal {
+            credentials: full.clone(),
+            refresh_at: now + chrono::Duration::seconds(500),
+        },
+    )
+    .unwrap();
+    db.store()
+        .put(
+            &renewal_key(&lease_key, 1),
+            body.into(),
+            cojob::PutMode::Overwrite,
+        )
+        .await
+        .expect("plant the renewal");
+
+    // Control: before its refresh time it signs with what it has, and cannot attach.
+    let shared = tempfile::tempdir().unwrap();
+    let early = sidecar(now + chrono::Duration::seconds(300), shared.path());
+    let out = tokio::task::spawn_blocking(move || early.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!out.status.success(), "attached without the renewal");
+    let running = async || {
+        db.inspect_lease(&lease_key).await.unwrap().unwrap().state["status"] == json!("running")
+    };
+    assert!(!running().await);
+
+    // From its refresh time on, it takes the renewal, attaches and records `running`.
+    let shared = tempfile::tempdir().unwrap();
+    let mut due = sidecar(now - chrono::Duration::seconds(1), shared.path());
+    let start = std::time::Instant::now();
+    while !running().await {
+        if let Some(status) = due.try_wait().unwrap() {
+            let out = due.wait_with_output().unwrap();
+            panic!(
+                "the sidecar exited ({status}) before attaching: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not running within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = due.kill();
+    let out = due.wait_with_output().unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("took the renewed store credentials"), "{log}");
+    assert!(
+        !log.contains(&full.secret_access_key) && !log.contains(&holder),
+        "a secret in the log"
+    );
 }

@@ -150,3 +150,35 @@ fn a_leader_lease_ttl_under_three_seconds_is_refused() {
         "{stderr}"
     );
 }
+
+/// Minted credentials are refused together with a per-namespace credentials Secret, under
+/// STS's 15 minutes, and on a store that is not S3.
+#[test]
+fn settings_that_cannot_mint_credentials_are_refused() {
+    let bucket = required_env("COJOB_TEST_S3_URL");
+    let role = (
+        "COJOB_STS_ROLE_ARN",
+        "arn:aws:iam::000000000000:role/cojob-runs",
+    );
+    for (bucket, extra, want) in [
+        (
+            bucket.as_str(),
+            ("COJOB_SIDECAR_CREDENTIALS_SECRET", "cojob-store"),
+            "--sts-role-arn and --sidecar-credentials-secret both give sidecars credentials",
+        ),
+        (
+            bucket.as_str(),
+            ("COJOB_STS_DURATION", "5m"),
+            "--sts-duration 300s is under STS's minimum of 15 minutes",
+        ),
+        (
+            "az://cojob-test/startup",
+            ("COJOB_STS_DURATION", "1h"),
+            "short-lived credentials need an s3:// store",
+        ),
+    ] {
+        let (status, stderr) = controller(bucket, &[role, extra]);
+        assert!(!status.success(), "{stderr}");
+        assert!(stderr.contains(want), "wanted {want:?}: {stderr}");
+    }
+}

@@ -120,9 +120,9 @@ pub struct ControllerArgs {
     /// endpoint.
     #[arg(long, env = "COJOB_STS_ENDPOINT")]
     pub sts_endpoint: Option<String>,
-    /// How long minted credentials last for a job without `activeDeadlineSeconds`, and at
-    /// most for any job (a job's deadline plus one lease ttl sets it otherwise; 15 minutes at
-    /// least). Keep it within the role's maximum session duration.
+    /// How long each set of minted credentials lasts (15 minutes at least; within the role's
+    /// maximum session duration). The controller mints the next set at half of it, while the
+    /// run lasts.
     #[arg(long, env = "COJOB_STS_DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
     pub sts_duration: Duration,
 }
@@ -314,6 +314,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
     let cx = Arc::new(Context {
         recorder: Recorder::new(client.clone(), reporter),
         skipped: Default::default(),
+        renewals: Default::default(),
         pod_cache: Default::default(),
         retries: Default::default(),
         client,

@@ -209,7 +209,17 @@ pub async fn run(
     // The workload's wrapper (`cojob wrap`) runs from the shared volume; it is in place
     // before the start gate can open.
     install_wrapper(dir)?;
-    let db = Db::open(&args.bucket).await?;
+    // Minted credentials (`COJOB_CREDENTIALS_EXPIRE_AT`) are renewed while the run lasts;
+    // otherwise the environment's credentials are used as they are.
+    let minted = crate::credentials::renewable::Renewable::from_env()?.map(Arc::new);
+    let db = match &minted {
+        Some(credentials) => {
+            crate::credentials::renewable::open_store(&args.bucket, credentials.clone())?
+        }
+        None => Db::open(&args.bucket).await?,
+    };
+    // A pod that started late may find its first credentials renewed already.
+    refresh_credentials(minted.as_deref(), &db, &args).await;
     let Some(mut lease) = db
         .resume_lease(&args.lease_key, &args.holder, args.epoch, ttl)
         .await?
@@ -341,9 +351,38 @@ pub async fn run(
             }
             () = tokio::time::sleep(pause) => {}
         }
+        refresh_credentials(minted.as_deref(), &db, &args).await;
         sent_ms = crate::wrap::boot_clock_ms();
         result = lease.lock().await.renew().await;
         from_renewal = true;
+    }
+}
+
+/// Takes the renewal of minted credentials that the controller left for this attempt, once it
+/// is due; a failure is logged and tried again at the next renewal, while the current
+/// credentials still last.
+async fn refresh_credentials(
+    minted: Option<&crate::credentials::renewable::Renewable>,
+    db: &Db,
+    args: &Args,
+) {
+    let Some(minted) = minted else {
+        return;
+    };
+    let now = chrono::Utc::now();
+    match minted
+        .refresh(db, &args.lease_key, &args.holder, args.epoch, now)
+        .await
+    {
+        Ok(Some(expires_at)) => {
+            tracing::info!(%expires_at, "took the renewed store credentials")
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(
+            error = %e,
+            expires_at = %minted.expires_at(),
+            "could not take renewed store credentials; the current ones are used meanwhile"
+        ),
     }
 }
 

@@ -126,30 +126,14 @@ pub async fn hand_to(
     }
 }
 
-/// Mints the attempt's credentials, for as long as the job's deadline asks (a Warning Event
-/// when that is beyond what the controller may grant).
-async fn minted(
+/// Mints the attempt's credentials; returns them with how long they last.
+pub(super) async fn minted(
     scope: &JobScope<'_>,
     minter: &crate::credentials::Minter,
     run_id: &str,
     epoch: u64,
-) -> Result<crate::credentials::RunCredentials, SweepError> {
-    let spec = &scope.job.spec;
-    let (duration, short) =
-        minter.duration_for(spec.active_deadline_seconds, spec.lease.ttl_seconds);
-    if short {
-        scope
-            .warning(
-                "CredentialsExpireBeforeDeadline",
-                format!(
-                    "run {run_id} attempt {epoch}: its store credentials last {} s, less than \
-                     activeDeadlineSeconds plus one lease ttl; if it runs that long its sidecar \
-                     can no longer renew the lease and the run is taken over",
-                    duration.as_secs()
-                ),
-            )
-            .await;
-    }
+) -> Result<(crate::credentials::RunCredentials, std::time::Duration), SweepError> {
+    let duration = minter.duration();
     let folder = scope.keys.run_folder(run_id);
     let creds = minter
         .mint(&folder, run_id, epoch, duration)
@@ -159,7 +143,7 @@ async fn minted(
             source,
         })?;
     tracing::info!(job = %scope.name, run = %run_id, epoch, expires_at = %creds.expires_at, "minted the attempt's store credentials");
-    Ok(creds)
+    Ok((creds, duration))
 }
 
 async fn create_secret(
@@ -184,7 +168,8 @@ async fn create_secret(
         ByteString(holder(scope, run_id, epoch).into_bytes()),
     );
     if let Some(minter) = &scope.cx.settings.minter {
-        for (k, v) in minted(scope, minter, run_id, epoch).await?.env() {
+        let (creds, duration) = minted(scope, minter, run_id, epoch).await?;
+        for (k, v) in creds.env(creds.issued(duration)) {
             data.insert(k.into(), ByteString(v.into_bytes()));
         }
     }

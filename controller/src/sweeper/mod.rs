@@ -30,6 +30,7 @@ pub mod complete;
 pub mod dispatch;
 pub mod holder;
 pub mod pods;
+pub mod renew;
 
 use std::collections::BTreeMap;
 
@@ -195,6 +196,7 @@ pub async fn sync_run(
         }
         (Step::Wait, Some(l)) => {
             keep_pending_alive(scope, run, l, current).await?;
+            renew::credentials(scope, run, l, current).await?;
             active(lease.as_ref(), current)
         }
         (Step::CreatePod, Some(l)) => {

@@ -253,6 +253,7 @@ impl Harness {
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
             skipped: Default::default(),
+            renewals: Default::default(),
             pod_cache: Default::default(),
             retries: Default::default(),
             client,

@@ -8,6 +8,11 @@
 //! lease and steps until it expires: not another run's, not another namespace's, not the
 //! index or the tick claims.
 //!
+//! Credentials do not outlive their session; a run may. At half their life the controller mints
+//! the attempt fresh ones and leaves them in the run's folder, sealed for the attempt's holder
+//! ([`sealed`]); from 60 % of their life the sidecar looks for them at every lease renewal and
+//! signs with them from then on ([`renewable`]).
+//!
 //! The effective permissions are the role's (or, on MinIO, the calling user's) intersected with
 //! the session policy, so the role may be as broad as the controller's own access. The call is
 //! signed with the controller's credentials, found as for the bucket (environment, web identity,
@@ -25,6 +30,9 @@
 //! assert_eq!(p["Statement"][0]["Action"], serde_json::json!(["s3:GetObject", "s3:PutObject"]));
 //! ```
 
+pub mod renewable;
+pub mod sealed;
+
 use aws_credential_types::Credentials;
 use aws_credential_types::provider::{self, ProvideCredentials, error::CredentialsError};
 use chrono::{DateTime, Utc};
@@ -33,6 +41,61 @@ use std::time::Duration;
 
 /// The shortest session STS grants (15 minutes).
 pub const MIN_DURATION: Duration = Duration::from_secs(900);
+
+/// The variable that tells a sidecar its credentials are minted, and when they expire.
+pub const EXPIRE_AT_ENV: &str = "COJOB_CREDENTIALS_EXPIRE_AT";
+/// The variable that tells a sidecar from when to look for renewed credentials.
+pub const REFRESH_AT_ENV: &str = "COJOB_CREDENTIALS_REFRESH_AT";
+
+/// The point `num`/10 of the way from `issued` to `expires`.
+fn tenths(issued: DateTime<Utc>, expires: DateTime<Utc>, num: i32) -> DateTime<Utc> {
+    issued + (expires - issued) * num / 10
+}
+
+/// When the controller renews credentials issued at `issued`: at half their life.
+///
+/// ```
+/// use cojob_controller::credentials::{renew_at, refresh_at};
+/// let issued = "2026-12-03T12:00:00Z".parse().unwrap();
+/// let expires = "2026-12-03T13:00:00Z".parse().unwrap();
+/// assert_eq!(renew_at(issued, expires).to_rfc3339(), "2026-12-03T12:30:00+00:00");
+/// assert_eq!(refresh_at(issued, expires).to_rfc3339(), "2026-12-03T12:36:00+00:00");
+/// ```
+pub fn renew_at(issued: DateTime<Utc>, expires: DateTime<Utc>) -> DateTime<Utc> {
+    tenths(issued, expires, 5)
+}
+
+/// From when a sidecar looks for the renewal of credentials issued at `issued`: at 60 % of
+/// their life, after the controller's [`renew_at`], so the renewal is normally there.
+pub fn refresh_at(issued: DateTime<Utc>, expires: DateTime<Utc>) -> DateTime<Utc> {
+    tenths(issued, expires, 6)
+}
+
+/// When each active attempt's credentials are next due for renewal, as this controller last
+/// saw it, by lease key and epoch (so a pass reads the bucket only when one is due).
+#[derive(Debug, Default)]
+pub struct Renewals(std::sync::Mutex<std::collections::HashMap<(String, u64), DateTime<Utc>>>);
+
+impl Renewals {
+    /// The next renewal of `(lease_key, epoch)`, if known.
+    pub fn due(&self, lease_key: &str, epoch: u64) -> Option<DateTime<Utc>> {
+        let map = match self.0.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.get(&(lease_key.to_string(), epoch)).copied()
+    }
+
+    /// Records the next renewal of `(lease_key, epoch)`; entries long past are dropped.
+    pub fn set(&self, lease_key: &str, epoch: u64, due: DateTime<Utc>, now: DateTime<Utc>) {
+        let mut map = match self.0.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        map.retain(|_, d| *d + chrono::Duration::days(1) > now);
+        map.insert((lease_key.to_string(), epoch), due);
+    }
+}
 
 /// How the controller mints run credentials (`--sts-*`).
 #[derive(Debug, Clone)]
@@ -44,9 +107,8 @@ pub struct StsSettings {
     pub endpoint: Option<String>,
     /// The region the request is signed for.
     pub region: String,
-    /// How long credentials last when the job sets no `activeDeadlineSeconds`
-    /// (`--sts-duration`), and the longest any run gets: a run with a longer deadline is
-    /// warned about at dispatch (`CredentialsExpireBeforeDeadline`).
+    /// How long minted credentials last (`--sts-duration`, at least [`MIN_DURATION`]); they
+    /// are renewed at half of it while the run lasts.
     pub duration: Duration,
 }
 
@@ -66,6 +128,9 @@ pub enum MintError {
     /// STS answered without credentials.
     #[error("STS AssumeRole answered without credentials")]
     Empty,
+    /// Renewed credentials could not be sealed.
+    #[error(transparent)]
+    Seal(#[from] sealed::SealError),
 }
 
 /// One attempt's credentials. `Debug` shows only the key id and the expiry.
@@ -81,6 +146,13 @@ pub struct RunCredentials {
     pub expires_at: DateTime<Utc>,
 }
 
+impl RunCredentials {
+    /// When credentials that last `duration` were issued.
+    pub fn issued(&self, duration: Duration) -> DateTime<Utc> {
+        self.expires_at - chrono::Duration::from_std(duration).unwrap_or_default()
+    }
+}
+
 impl fmt::Debug for RunCredentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunCredentials")
@@ -91,14 +163,19 @@ impl fmt::Debug for RunCredentials {
 }
 
 impl RunCredentials {
-    /// The variables a sidecar reads them from (object_store's names), with the expiry as
-    /// `COJOB_CREDENTIALS_EXPIRE_AT` (RFC 3339).
-    pub fn env(&self) -> [(&'static str, String); 4] {
+    /// The variables a sidecar reads them from (object_store's names), with the expiry
+    /// ([`EXPIRE_AT_ENV`]) and when to look for a renewal ([`REFRESH_AT_ENV`]), in RFC 3339;
+    /// `issued` is when they were minted.
+    pub fn env(&self, issued: DateTime<Utc>) -> [(&'static str, String); 5] {
         [
             ("AWS_ACCESS_KEY_ID", self.access_key_id.clone()),
             ("AWS_SECRET_ACCESS_KEY", self.secret_access_key.clone()),
             ("AWS_SESSION_TOKEN", self.session_token.clone()),
-            ("COJOB_CREDENTIALS_EXPIRE_AT", self.expires_at.to_rfc3339()),
+            (EXPIRE_AT_ENV, self.expires_at.to_rfc3339()),
+            (
+                REFRESH_AT_ENV,
+                refresh_at(issued, self.expires_at).to_rfc3339(),
+            ),
         ]
     }
 }
@@ -230,35 +307,9 @@ impl Minter {
         })
     }
 
-    /// How long an attempt's credentials should last: the job's deadline plus one lease ttl
-    /// (the sidecar's last write comes after the workload ends), at least
-    /// [`MIN_DURATION`]; the configured duration when the job has no deadline. The second
-    /// value is true when that is shorter than the deadline asks for.
-    ///
-    /// ```
-    /// # use cojob_controller::credentials::{Minter, StsSettings};
-    /// # use std::time::Duration;
-    /// # let m = Minter::new("s3://b/p", StsSettings { role_arn: "r".into(), endpoint: Some("http://127.0.0.1:1".into()), region: "us-east-1".into(), duration: Duration::from_secs(3600) }).unwrap();
-    /// assert_eq!(m.duration_for(Some(60), 30), (Duration::from_secs(900), false));
-    /// assert_eq!(m.duration_for(Some(1800), 30), (Duration::from_secs(1830), false));
-    /// assert_eq!(m.duration_for(None, 30), (Duration::from_secs(3600), false));
-    /// assert_eq!(m.duration_for(Some(7200), 30), (Duration::from_secs(3600), true));
-    /// ```
-    pub fn duration_for(
-        &self,
-        deadline_seconds: Option<i64>,
-        ttl_seconds: i64,
-    ) -> (Duration, bool) {
-        match deadline_seconds {
-            None => (self.duration, false),
-            Some(d) => {
-                let want = Duration::from_secs((d.max(0) + ttl_seconds.max(0)) as u64);
-                (
-                    want.clamp(MIN_DURATION, self.duration),
-                    want > self.duration,
-                )
-            }
-        }
+    /// How long minted credentials last.
+    pub fn duration(&self) -> Duration {
+        self.duration
     }
 
     /// Mints credentials for the attempt `epoch` of the run whose folder is `run_folder`

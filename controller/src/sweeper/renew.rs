@@ -1,0 +1,103 @@
+//! Renews the minted credentials of running attempts ([`crate::credentials`]).
+//!
+//! An attempt's first credentials come with its holder Secret. From half their life on, a pass
+//! mints fresh ones and writes them, sealed for the attempt's holder, next to the run's lease
+//! (`<run>/credentials/<epoch>`), where the sidecar picks them up. When each is due is kept in memory
+//! ([`crate::credentials::Renewals`]); a controller that does not know (a restart, another
+//! replica) reads the document once before minting, so replicas do not mint twice.
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Pod;
+
+use super::SweepError;
+use super::pods::pod_view;
+use crate::context::JobScope;
+use crate::credentials::renewable::renewal_key;
+use crate::credentials::sealed::{Renewal, seal, unseal};
+use crate::credentials::{refresh_at, renew_at};
+use crate::index::ActiveRun;
+use cojob::LeaseInfo;
+
+/// Renews the credentials of the attempt that holds `lease`, if they are due and its pod may
+/// still run.
+pub async fn credentials(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    pod: Option<&Pod>,
+) -> Result<(), SweepError> {
+    let Some(minter) = &scope.cx.settings.minter else {
+        return Ok(());
+    };
+    let Some(pod) = pod else {
+        return Ok(());
+    };
+    if lease.is_released()
+        || pod.metadata.deletion_timestamp.is_some()
+        || pod_view(Some(pod)).is_quiescent()
+    {
+        return Ok(());
+    }
+    let Some(created) = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))
+    else {
+        return Ok(());
+    };
+    let lifetime = chrono::Duration::from_std(minter.duration()).unwrap_or_default();
+    let now = scope.cx.db.clock().now();
+    let lease_key = scope.keys.lease(&run.run_id);
+    let renewals = &scope.cx.renewals;
+    // The first credentials were minted just after the pod was created: renewing from the
+    // pod's creation on is early, never late.
+    let first_due = |created: DateTime<Utc>| renew_at(created, created + lifetime);
+    let due = renewals
+        .due(&lease_key, lease.epoch)
+        .unwrap_or_else(|| first_due(created));
+    if now < due {
+        return Ok(());
+    }
+    let holder = super::holder::holder(scope, &run.run_id, lease.epoch);
+    let key = renewal_key(&lease_key, lease.epoch);
+    // Renewed already (by another replica, or by this one before a restart)?
+    if let Some((body, _)) = scope
+        .cx
+        .db
+        .store()
+        .get(&key)
+        .await
+        .map_err(cojob::Error::from)?
+        && let Ok(renewal) = unseal(&holder, &lease_key, lease.epoch, &body)
+    {
+        let issued = renewal.credentials.expires_at - lifetime;
+        let next = renew_at(issued, renewal.credentials.expires_at);
+        if now < next {
+            renewals.set(&lease_key, lease.epoch, next, now);
+            return Ok(());
+        }
+    }
+    let (credentials, _) = super::holder::minted(scope, minter, &run.run_id, lease.epoch).await?;
+    let issued = credentials.expires_at - lifetime;
+    let renewal = Renewal {
+        refresh_at: refresh_at(issued, credentials.expires_at),
+        credentials,
+    };
+    let body =
+        seal(&holder, &lease_key, lease.epoch, &renewal).map_err(|e| SweepError::Credentials {
+            run_id: run.run_id.clone(),
+            source: e.into(),
+        })?;
+    scope
+        .cx
+        .db
+        .store()
+        .put(&key, body.into(), cojob::PutMode::Overwrite)
+        .await
+        .map_err(cojob::Error::from)?;
+    let next = renew_at(issued, renewal.credentials.expires_at);
+    renewals.set(&lease_key, lease.epoch, next, now);
+    tracing::info!(job = %scope.name, run = %run.run_id, epoch = lease.epoch, expires_at = %renewal.credentials.expires_at, "renewed the attempt's store credentials");
+    Ok(())
+}
