@@ -132,6 +132,8 @@ pub enum Kind {
     File,
     S3,
     Azure,
+    /// MinIO (`COJOB_TEST_MINIO_*`), the S3 server of the kind path and of STS.
+    Minio,
 }
 
 /// The code under test (`db`, through race injection) and a rival (`rival`, direct) on the same
@@ -195,6 +197,20 @@ impl Rig {
                     format!("{base}/{}", unique("suite"))
                 };
                 (Arc::new(backend), prefix, None)
+            }
+            Kind::Minio => {
+                // Built from its own variables: `AWS_*` name the other S3 server.
+                let s3 = object_store::aws::AmazonS3Builder::new()
+                    .with_url(required_env("COJOB_TEST_MINIO_URL"))
+                    .with_endpoint(required_env("COJOB_TEST_MINIO_ENDPOINT"))
+                    .with_allow_http(true)
+                    .with_region("us-east-1")
+                    .with_access_key_id(required_env("COJOB_TEST_MINIO_ACCESS_KEY_ID"))
+                    .with_secret_access_key(required_env("COJOB_TEST_MINIO_SECRET_ACCESS_KEY"))
+                    .build()
+                    .unwrap();
+                let backend = ObjectStoreBackend::new(Arc::new(s3));
+                (Arc::new(backend), unique("suite"), None)
             }
         };
         let clock = FakeClock::at_unix_micros(1_786_240_800_000_000);
