@@ -279,6 +279,14 @@ async fn run_with_controller_and_kubelet(h: &Harness, job: &str, args: &[&str]) 
 #[tokio::test]
 async fn backfill_runs_a_partly_decided_range_without_duplicates() {
     let h = Harness::new("it-cli-backfill").await;
+    // Create the job away from a 10-second boundary, with the fake clock started there too:
+    // the ticks before the job existed are then exactly those before `created`, whatever the
+    // sub-second gap between the clock and the job's creationTimestamp (a tick in that gap made
+    // this test count 5 ticks to run instead of 4).
+    while !(2..=6).contains(&(chrono::Utc::now().timestamp() % 10)) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    h.clock.set(chrono::Utc::now());
     let created = h.now();
     h.create_job(
         "bf",
