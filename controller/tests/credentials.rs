@@ -121,6 +121,31 @@ async fn a_minted_key_opens_only_its_runs_folder_and_expires() {
     .await
     .expect("put a step of its run");
 
+    // Its renewals: readable (none yet: not found, not refused), not writable; another
+    // epoch's: refused; any other key of its own folder: refused.
+    let mine = Path::from(format!("{prefix}/{run}/credentials/1"));
+    match s3.get(&mine).await {
+        Err(object_store::Error::NotFound { .. }) => {}
+        other => panic!("get its renewals: {other:?}"),
+    }
+    denied(
+        s3.put(&mine, PutPayload::from_static(b"{}")).await,
+        "put its renewals",
+    );
+    denied(
+        s3.get(&Path::from(format!("{prefix}/{run}/credentials/2")))
+            .await
+            .map(|_| ()),
+        "get another epoch's renewals",
+    );
+    denied(
+        s3.put(
+            &Path::from(format!("{prefix}/{run}/junk")),
+            PutPayload::from_static(b"{}"),
+        )
+        .await,
+        "put another key of its folder",
+    );
     // Another run of the same job, another namespace, the job's index: refused.
     for other in [
         "v1/jobs/team-a/nightly/u1/runs/nightly-1786240860/lease",
@@ -247,10 +272,7 @@ async fn a_run_pod_completes_with_nothing_but_its_minted_credentials() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     assert_eq!(info.epoch, 1, "{info:?}");
-    assert!(
-        info.is_released(),
-        "the sidecar released the lease: {info:?}"
-    );
+    assert!(info.is_released(), "the lease is released: {info:?}");
     assert_eq!(info.state.get("exit_code"), Some(&json!(0)), "{info:?}");
 
     // The pod's Secret holds minted credentials, not the controller's, and they open
@@ -293,18 +315,29 @@ async fn a_run_pod_completes_with_nothing_but_its_minted_credentials() {
             .any(|v| v.0 == required_env("COJOB_TEST_MINIO_SECRET_ACCESS_KEY").as_bytes()),
         "the controller's secret key reached the run's Secret"
     );
-    let left = (minted.expires_at - chrono::Utc::now()).num_seconds();
+    // Minted for 1800 s when the Secret was made (its creation time has whole seconds).
+    let made = h
+        .secrets()
+        .get(&secret)
+        .await
+        .unwrap()
+        .metadata
+        .creation_timestamp
+        .unwrap()
+        .0
+        .as_second();
+    let life = minted.expires_at.timestamp() - made;
     assert!(
-        (1700..=1800).contains(&left),
-        "minted for 1800 s, yet {left} s left"
+        (1795..=1801).contains(&life),
+        "minted for {life} s, not 1800"
     );
     let refresh: chrono::DateTime<chrono::Utc> = field("COJOB_CREDENTIALS_REFRESH_AT")
         .parse()
         .expect("an RFC 3339 time");
-    assert_eq!(
-        (minted.expires_at - refresh).num_seconds(),
-        720,
-        "the sidecar looks for a renewal from 60 % of the life"
+    let left = (minted.expires_at - refresh).num_seconds();
+    assert!(
+        (718..=722).contains(&left),
+        "the sidecar looks for a renewal from 60 % of the life: {left} s before the end"
     );
     let s3 = as_run(&minted);
     s3.get(&Path::from(format!("{}/{lease_key}", h.ns)))
@@ -449,11 +482,18 @@ async fn the_sidecar_signs_with_the_renewal_it_unseals() {
     .expect("acquire")
     .expect("free");
     let m = minter(&prefix);
+    let renewals_only = json!({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Action": ["s3:GetObject"],
+            "Resource": [format!("arn:aws:s3:::cojob-test/{prefix}/{folder}/credentials/1")],
+        }],
+    });
     let only_renewals = m
-        .mint(
-            &format!("{folder}/credentials"),
-            "j-once",
-            1,
+        .mint_with_policy(
+            &renewals_only.to_string(),
+            "renewals-only",
             Duration::from_secs(900),
         )
         .await
@@ -463,8 +503,9 @@ async fn the_sidecar_signs_with_the_renewal_it_unseals() {
         .await
         .expect("minted");
     let now = chrono::Utc::now();
-    let sidecar = |refresh_at: chrono::DateTime<chrono::Utc>, shared: &std::path::Path| {
-        let c = &only_renewals;
+    let sidecar = |c: &RunCredentials,
+                   refresh_at: chrono::DateTime<chrono::Utc>,
+                   shared: &std::path::Path| {
         std::process::Command::new(env!("CARGO_BIN_EXE_cojob"))
             .arg("sidecar")
             .env_clear()
@@ -509,7 +550,11 @@ async fn the_sidecar_signs_with_the_renewal_it_unseals() {
 
     // Control: before its refresh time it signs with what it has, and cannot attach.
     let shared = tempfile::tempdir().unwrap();
-    let early = sidecar(now + chrono::Duration::seconds(300), shared.path());
+    let early = sidecar(
+        &only_renewals,
+        now + chrono::Duration::seconds(300),
+        shared.path(),
+    );
     let out = tokio::task::spawn_blocking(move || early.wait_with_output())
         .await
         .unwrap()
@@ -522,7 +567,11 @@ async fn the_sidecar_signs_with_the_renewal_it_unseals() {
 
     // From its refresh time on, it takes the renewal, attaches and records `running`.
     let shared = tempfile::tempdir().unwrap();
-    let mut due = sidecar(now - chrono::Duration::seconds(1), shared.path());
+    let mut due = sidecar(
+        &only_renewals,
+        now - chrono::Duration::seconds(1),
+        shared.path(),
+    );
     let start = std::time::Instant::now();
     while !running().await {
         if let Some(status) = due.try_wait().unwrap() {
@@ -546,5 +595,32 @@ async fn the_sidecar_signs_with_the_renewal_it_unseals() {
     assert!(
         !log.contains(&full.secret_access_key) && !log.contains(&holder),
         "a secret in the log"
+    );
+
+    // While it runs, with a ttl whose renewals are 10 s apart: it wakes at its refresh time
+    // (3 s on) and takes the renewal then.
+    let first = m
+        .mint(folder, "j-once", 1, Duration::from_secs(900))
+        .await
+        .expect("minted");
+    let shared = tempfile::tempdir().unwrap();
+    let mut running_one = sidecar(
+        &first,
+        chrono::Utc::now() + chrono::Duration::seconds(3),
+        shared.path(),
+    );
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert!(
+        running_one.try_wait().unwrap().is_none(),
+        "the sidecar stopped"
+    );
+    let _ = running_one.kill();
+    let out = running_one.wait_with_output().unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("sidecar attached"), "{log}");
+    assert!(
+        log.contains("took the renewed store credentials"),
+        "not taken within 7 s: {log}"
     );
 }

@@ -3,7 +3,8 @@
 //! With `--sts-role-arn`, every attempt's holder Secret carries credentials of its own instead
 //! of anything forwarded: the controller calls STS `AssumeRole` with a *session policy* that
 //! allows only `s3:GetObject` and `s3:PutObject` under the run's folder
-//! (`<prefix>/v1/jobs/<namespace>/<job>/<uid>/runs/<run>/`), for a limited time. Whoever reads
+//! (`<prefix>/v1/jobs/<namespace>/<job>/<uid>/runs/<run>/`: its lease and steps, and the
+//! renewals of its own epoch, read-only), for a limited time. Whoever reads
 //! that Secret (anyone who may create pods in the namespace) gets a key that opens one run's
 //! lease and steps until it expires: not another run's, not another namespace's, not the
 //! index or the tick claims.
@@ -21,13 +22,16 @@
 //! ```
 //! use cojob_controller::credentials::session_policy;
 //! let p: serde_json::Value = serde_json::from_str(&session_policy(
-//!     "results", "cojob", "v1/jobs/team-a/nightly/6f1c/runs/nightly-1786240800",
+//!     "results", "cojob", "v1/jobs/team-a/nightly/6f1c/runs/nightly-1786240800", 2,
 //! )).unwrap();
+//! let run = "arn:aws:s3:::results/cojob/v1/jobs/team-a/nightly/6f1c/runs/nightly-1786240800";
 //! assert_eq!(
-//!     p["Statement"][0]["Resource"][0],
-//!     "arn:aws:s3:::results/cojob/v1/jobs/team-a/nightly/6f1c/runs/nightly-1786240800/*"
+//!     p["Statement"][0]["Resource"],
+//!     serde_json::json!([format!("{run}/lease"), format!("{run}/steps/*")])
 //! );
 //! assert_eq!(p["Statement"][0]["Action"], serde_json::json!(["s3:GetObject", "s3:PutObject"]));
+//! assert_eq!(p["Statement"][1]["Resource"], serde_json::json!([format!("{run}/credentials/2")]));
+//! assert_eq!(p["Statement"][1]["Action"], serde_json::json!(["s3:GetObject"]));
 //! ```
 
 pub mod renewable;
@@ -38,6 +42,9 @@ use aws_credential_types::provider::{self, ProvideCredentials, error::Credential
 use chrono::{DateTime, Utc};
 use std::fmt;
 use std::time::Duration;
+
+/// How long one STS call may take, retries included.
+pub const STS_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The shortest session STS grants (15 minutes).
 pub const MIN_DURATION: Duration = Duration::from_secs(900);
@@ -146,13 +153,6 @@ pub struct RunCredentials {
     pub expires_at: DateTime<Utc>,
 }
 
-impl RunCredentials {
-    /// When credentials that last `duration` were issued.
-    pub fn issued(&self, duration: Duration) -> DateTime<Utc> {
-        self.expires_at - chrono::Duration::from_std(duration).unwrap_or_default()
-    }
-}
-
 impl fmt::Debug for RunCredentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunCredentials")
@@ -180,29 +180,41 @@ impl RunCredentials {
     }
 }
 
-/// The session policy of one run: read and write objects under `<bucket>/<prefix>/<run_folder>/`
-/// and nothing else (no list, no delete, no other key).
-pub fn session_policy(bucket: &str, prefix: &str, run_folder: &str) -> String {
+/// The session policy of one attempt: read and write its run's lease and step checkpoints,
+/// and read the renewals sealed for its epoch; nothing else (no other key, no list, no
+/// delete). `run_folder` is relative to `<bucket>/<prefix>`.
+pub fn session_policy(bucket: &str, prefix: &str, run_folder: &str, epoch: u64) -> String {
     let path = [prefix, run_folder]
         .iter()
         .map(|p| p.trim_matches('/'))
         .filter(|p| !p.is_empty())
         .collect::<Vec<_>>()
         .join("/");
+    let arn = |key: &str| format!("arn:aws:s3:::{bucket}/{path}/{key}");
     serde_json::json!({
         "Version": "2012-10-17",
-        "Statement": [{
-            "Effect": "Allow",
-            "Action": ["s3:GetObject", "s3:PutObject"],
-            "Resource": [format!("arn:aws:s3:::{bucket}/{path}/*")],
-        }],
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": ["s3:GetObject", "s3:PutObject"],
+                "Resource": [arn("lease"), arn("steps/*")],
+            },
+            {
+                "Effect": "Allow",
+                "Action": ["s3:GetObject"],
+                "Resource": [arn(&format!("credentials/{epoch}"))],
+            },
+        ],
     })
     .to_string()
 }
 
 /// The session name STS records for an attempt (at most 64 of `[\w+=,.@-]`).
 fn session_name(run_id: &str, epoch: u64) -> String {
-    let mut name: String = format!("cojob-{run_id}-{epoch}")
+    let suffix = format!("-{epoch}");
+    let room = 64usize.saturating_sub("cojob-".len() + suffix.len());
+    let run: String = run_id.chars().take(room).collect();
+    format!("cojob-{run}{suffix}")
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || "+=,.@-_".contains(c) {
@@ -211,9 +223,7 @@ fn session_name(run_id: &str, epoch: u64) -> String {
                 '-'
             }
         })
-        .collect();
-    name.truncate(64);
-    name
+        .collect()
 }
 
 /// STS's code and message when it answered, else what failed on the way (never the raw
@@ -294,7 +304,16 @@ impl Minter {
         let mut config = aws_sdk_sts::Config::builder()
             .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
             .region(aws_sdk_sts::config::Region::new(sts.region))
-            .credentials_provider(ControllerCredentials(own.credentials().clone()));
+            .credentials_provider(ControllerCredentials(own.credentials().clone()))
+            // object_store caches and refreshes the controller's credentials itself (web
+            // identity ones may have minutes left); a second cache could sign with expired ones.
+            .identity_cache(aws_sdk_sts::config::IdentityCache::no_cache())
+            // A stalled STS holds up the job's pass: give up and retry with backoff.
+            .timeout_config(
+                aws_sdk_sts::config::timeout::TimeoutConfig::builder()
+                    .operation_timeout(STS_TIMEOUT)
+                    .build(),
+            );
         if let Some(endpoint) = sts.endpoint {
             config = config.endpoint_url(endpoint);
         }
@@ -321,12 +340,25 @@ impl Minter {
         epoch: u64,
         duration: Duration,
     ) -> Result<RunCredentials, MintError> {
+        let policy = session_policy(&self.bucket, &self.prefix, run_folder, epoch);
+        self.mint_with_policy(&policy, &session_name(run_id, epoch), duration)
+            .await
+    }
+
+    /// Mints credentials restricted by the session policy `policy` (IAM JSON), recorded by STS
+    /// under `session`. [`mint`](Self::mint) uses [`session_policy`].
+    pub async fn mint_with_policy(
+        &self,
+        policy: &str,
+        session: &str,
+        duration: Duration,
+    ) -> Result<RunCredentials, MintError> {
         let request = self
             .client
             .assume_role()
             .role_arn(&self.role_arn)
-            .role_session_name(session_name(run_id, epoch))
-            .policy(session_policy(&self.bucket, &self.prefix, run_folder))
+            .role_session_name(session)
+            .policy(policy)
             .duration_seconds(i32::try_from(duration.as_secs()).unwrap_or(i32::MAX))
             .send();
         // Boxed: the SDK's future is deep, and a reconcile's would otherwise outgrow the
@@ -354,15 +386,19 @@ mod tests {
             session_name("nightly-1786240800", 2),
             "cojob-nightly-1786240800-2"
         );
-        let long = session_name(&"x".repeat(80), 1);
+        let long = session_name(&"x".repeat(80), 12);
         assert_eq!(long.len(), 64);
+        assert!(long.ends_with("x-12"), "the epoch is kept: {long}");
         assert_eq!(session_name("a/b c", 1), "cojob-a-b-c-1");
     }
 
     #[test]
     fn a_policy_without_prefix_has_no_empty_segment() {
-        let p = session_policy("b", "", "v1/jobs/n/j/u/runs/r");
-        assert!(p.contains("arn:aws:s3:::b/v1/jobs/n/j/u/runs/r/*"), "{p}");
+        let p = session_policy("b", "", "v1/jobs/n/j/u/runs/r", 1);
+        assert!(
+            p.contains("arn:aws:s3:::b/v1/jobs/n/j/u/runs/r/lease"),
+            "{p}"
+        );
     }
 
     #[test]

@@ -14,6 +14,9 @@ use object_store::aws::AwsCredential;
 use super::sealed::{Renewal, unseal};
 use super::{EXPIRE_AT_ENV, REFRESH_AT_ENV, RunCredentials};
 
+/// How often a sidecar past its refresh time looks again for a renewal it has not found.
+pub const RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The key of the renewed credentials of a run's attempt `epoch`, in the run's folder.
 ///
 /// ```
@@ -106,6 +109,33 @@ impl Renewable {
         match self.current.read() {
             Ok(c) => f(&c),
             Err(poisoned) => f(&poisoned.into_inner()),
+        }
+    }
+
+    /// How long the sidecar may wait before it should look for a renewal: until the refresh
+    /// time, then every [`RETRY`] until one is found (at least a second). The sidecar wakes
+    /// for it even when its lease renewals are further apart.
+    ///
+    /// ```
+    /// # use cojob_controller::credentials::{RunCredentials, sealed::Renewal, renewable::{Renewable, RETRY}};
+    /// # use std::time::Duration;
+    /// let now: chrono::DateTime<chrono::Utc> = "2026-12-03T12:00:00Z".parse().unwrap();
+    /// let r = Renewable::new(&Renewal {
+    ///     credentials: RunCredentials { access_key_id: "a".into(), secret_access_key: "s".into(),
+    ///         session_token: "t".into(), expires_at: now + chrono::Duration::minutes(20) },
+    ///     refresh_at: now + chrono::Duration::minutes(2),
+    /// });
+    /// assert_eq!(r.next_look(now), Duration::from_secs(120));
+    /// assert_eq!(r.next_look(now + chrono::Duration::minutes(3)), RETRY);
+    /// ```
+    pub fn next_look(&self, now: DateTime<Utc>) -> std::time::Duration {
+        let until = (self.read(|c| c.refresh_at) - now)
+            .to_std()
+            .unwrap_or_default();
+        if until.is_zero() {
+            RETRY
+        } else {
+            until.max(std::time::Duration::from_secs(1))
         }
     }
 

@@ -218,6 +218,24 @@ mod tests {
     }
 
     #[test]
+    fn the_seal_binds_the_epoch_and_the_run() {
+        // The epoch outside the seal is checked first; the AAD binds it too, so a document
+        // whose visible epoch was changed does not open.
+        let body = seal("h", "k", 1, &renewal()).unwrap();
+        let mut doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        doc["epoch"] = 2.into();
+        let moved = serde_json::to_vec(&doc).unwrap();
+        assert!(matches!(
+            unseal("h", "k", 2, &moved),
+            Err(SealError::Unopened)
+        ));
+        assert!(matches!(
+            unseal("h", "other", 1, &body),
+            Err(SealError::Unopened)
+        ));
+    }
+
+    #[test]
     fn a_foreign_document_is_named_so() {
         assert!(matches!(
             unseal("h", "k", 1, b"{}"),

@@ -306,11 +306,15 @@ pub async fn run(
     let mut from_renewal = false;
     loop {
         // After a failed renewal, retry sooner, so a passing store outage does not cost the lease.
-        let pause = if result.is_ok() {
+        let mut pause = if result.is_ok() {
             ttl / 3
         } else {
             (ttl / 3).min(Duration::from_secs(1))
         };
+        // Minted credentials: wake in time to take their renewal, even with a long ttl.
+        if let Some(m) = &minted {
+            pause = pause.min(m.next_look(chrono::Utc::now()));
+        }
         match result {
             Ok(()) => {
                 if from_renewal {

@@ -49,18 +49,49 @@ pub async fn credentials(
     let lifetime = chrono::Duration::from_std(minter.duration()).unwrap_or_default();
     let now = scope.cx.db.clock().now();
     let lease_key = scope.keys.lease(&run.run_id);
-    let renewals = &scope.cx.renewals;
     // The first credentials were minted just after the pod was created: renewing from the
     // pod's creation on is early, never late.
-    let first_due = |created: DateTime<Utc>| renew_at(created, created + lifetime);
-    let due = renewals
+    let due = scope
+        .cx
+        .renewals
         .due(&lease_key, lease.epoch)
-        .unwrap_or_else(|| first_due(created));
+        .unwrap_or_else(|| renew_at(created, created + lifetime));
     if now < due {
         return Ok(());
     }
+    // A failed renewal is retried by the next pass, while the current credentials last; it
+    // does not hold up the run's other steps.
+    if let Err(e) = renew(scope, minter, run, lease, &lease_key, now, lifetime).await {
+        tracing::warn!(job = %scope.name, run = %run.run_id, epoch = lease.epoch, error = %e, "could not renew the attempt's store credentials; retrying");
+        scope
+            .warning(
+                "CredentialsRenewalFailed",
+                format!(
+                    "run {}: its store credentials could not be renewed; retrying (details in \
+                     the controller's log)",
+                    run.run_id
+                ),
+            )
+            .await;
+    }
+    Ok(())
+}
+
+/// No renewal sooner than this after the last one, even if STS granted less than asked.
+const MIN_RENEWAL_GAP: chrono::Duration = chrono::Duration::seconds(60);
+
+async fn renew(
+    scope: &JobScope<'_>,
+    minter: &crate::credentials::Minter,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    lease_key: &str,
+    now: DateTime<Utc>,
+    lifetime: chrono::Duration,
+) -> Result<(), SweepError> {
+    let renewals = &scope.cx.renewals;
     let holder = super::holder::holder(scope, &run.run_id, lease.epoch);
-    let key = renewal_key(&lease_key, lease.epoch);
+    let key = renewal_key(lease_key, lease.epoch);
     // Renewed already (by another replica, or by this one before a restart)?
     if let Some((body, _)) = scope
         .cx
@@ -69,23 +100,25 @@ pub async fn credentials(
         .get(&key)
         .await
         .map_err(cojob::Error::from)?
-        && let Ok(renewal) = unseal(&holder, &lease_key, lease.epoch, &body)
+        && let Ok(renewal) = unseal(&holder, lease_key, lease.epoch, &body)
     {
-        let issued = renewal.credentials.expires_at - lifetime;
-        let next = renew_at(issued, renewal.credentials.expires_at);
+        let expires = renewal.credentials.expires_at;
+        let next = renew_at(expires - lifetime, expires);
         if now < next {
-            renewals.set(&lease_key, lease.epoch, next, now);
+            renewals.set(lease_key, lease.epoch, next, now);
             return Ok(());
         }
     }
+    // STS's expiry is on the real clock: the new set's life is measured from this mint.
+    let issued = Utc::now();
     let (credentials, _) = super::holder::minted(scope, minter, &run.run_id, lease.epoch).await?;
-    let issued = credentials.expires_at - lifetime;
+    let expires = credentials.expires_at;
     let renewal = Renewal {
-        refresh_at: refresh_at(issued, credentials.expires_at),
+        refresh_at: refresh_at(issued, expires),
         credentials,
     };
     let body =
-        seal(&holder, &lease_key, lease.epoch, &renewal).map_err(|e| SweepError::Credentials {
+        seal(&holder, lease_key, lease.epoch, &renewal).map_err(|e| SweepError::Credentials {
             run_id: run.run_id.clone(),
             source: e.into(),
         })?;
@@ -96,8 +129,8 @@ pub async fn credentials(
         .put(&key, body.into(), cojob::PutMode::Overwrite)
         .await
         .map_err(cojob::Error::from)?;
-    let next = renew_at(issued, renewal.credentials.expires_at);
-    renewals.set(&lease_key, lease.epoch, next, now);
-    tracing::info!(job = %scope.name, run = %run.run_id, epoch = lease.epoch, expires_at = %renewal.credentials.expires_at, "renewed the attempt's store credentials");
+    let next = renew_at(issued, expires).max(issued + MIN_RENEWAL_GAP);
+    renewals.set(lease_key, lease.epoch, next, now);
+    tracing::info!(job = %scope.name, run = %run.run_id, epoch = lease.epoch, expires_at = %expires, "renewed the attempt's store credentials");
     Ok(())
 }
