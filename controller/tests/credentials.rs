@@ -205,6 +205,25 @@ async fn a_controller_with_wrong_credentials_gets_a_clear_error() {
     );
 }
 
+/// `c` reads the run's lease (under the harness's prefix) and is refused the job's index.
+async fn opens_the_lease_not_the_index(
+    h: &Harness,
+    keys: &cojob_controller::layout::JobKeys,
+    lease_key: &str,
+    c: &RunCredentials,
+) {
+    let s3 = as_run(c);
+    s3.get(&Path::from(format!("{}/{lease_key}", h.ns)))
+        .await
+        .expect("the key opens the run's lease");
+    denied(
+        s3.get(&Path::from(format!("{}/{}", h.ns, keys.index())))
+            .await
+            .map(|_| ()),
+        "the job's index",
+    );
+}
+
 /// A run on the real kubelet whose sidecar has nothing but its minted credentials (nothing
 /// forwarded but the endpoint and region): it attaches, records the success, and releases.
 #[tokio::test]
@@ -339,16 +358,7 @@ async fn a_run_pod_completes_with_nothing_but_its_minted_credentials() {
         (718..=722).contains(&left),
         "the sidecar looks for a renewal from 60 % of the life: {left} s before the end"
     );
-    let s3 = as_run(&minted);
-    s3.get(&Path::from(format!("{}/{lease_key}", h.ns)))
-        .await
-        .expect("the run's own lease");
-    denied(
-        s3.get(&Path::from(format!("{}/{}", h.ns, keys.index())))
-            .await
-            .map(|_| ()),
-        "the job's index",
-    );
+    opens_the_lease_not_the_index(&h, &keys, &lease_key, &minted).await;
     h.cleanup().await;
 }
 
@@ -426,16 +436,7 @@ async fn credentials_are_renewed_at_half_life_once_and_sealed_for_the_holder() {
         (355..=365).contains(&life),
         "the sidecar looks from 60 % of the life: {life} s left"
     );
-    let s3 = as_run(c);
-    s3.get(&Path::from(format!("{}/{lease_key}", h.ns)))
-        .await
-        .expect("the renewed key opens the run's lease");
-    denied(
-        s3.get(&Path::from(format!("{}/{}", h.ns, keys.index())))
-            .await
-            .map(|_| ()),
-        "the renewed key on the job's index",
-    );
+    opens_the_lease_not_the_index(&h, &keys, &lease_key, c).await;
 
     // Renewed once: later passes, and a restarted controller whose clock is past the first
     // credentials' half-life but not the renewal's, leave it as it is.
