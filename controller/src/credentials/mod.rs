@@ -84,21 +84,22 @@ pub fn refresh_at(issued: DateTime<Utc>, expires: DateTime<Utc>) -> DateTime<Utc
 pub struct Renewals(std::sync::Mutex<std::collections::HashMap<(String, u64), DateTime<Utc>>>);
 
 impl Renewals {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, u64), DateTime<Utc>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The next renewal of `(lease_key, epoch)`, if known.
     pub fn due(&self, lease_key: &str, epoch: u64) -> Option<DateTime<Utc>> {
-        let map = match self.0.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        map.get(&(lease_key.to_string(), epoch)).copied()
+        self.map().get(&(lease_key.to_string(), epoch)).copied()
     }
 
     /// Records the next renewal of `(lease_key, epoch)`; entries long past are dropped.
     pub fn set(&self, lease_key: &str, epoch: u64, due: DateTime<Utc>, now: DateTime<Utc>) {
-        let mut map = match self.0.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
+        let mut map = self.map();
         map.retain(|_, d| *d + chrono::Duration::days(1) > now);
         map.insert((lease_key.to_string(), epoch), due);
     }

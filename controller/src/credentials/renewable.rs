@@ -106,10 +106,10 @@ impl Renewable {
     }
 
     fn read<T>(&self, f: impl FnOnce(&Current) -> T) -> T {
-        match self.current.read() {
-            Ok(c) => f(&c),
-            Err(poisoned) => f(&poisoned.into_inner()),
-        }
+        f(&self
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     /// How long the sidecar may wait before it should look for a renewal: until the refresh
@@ -141,10 +141,10 @@ impl Renewable {
 
     /// Takes `renewal` if it lasts longer than the current credentials; true if taken.
     pub fn replace(&self, renewal: &Renewal) -> bool {
-        let mut current = match self.current.write() {
-            Ok(c) => c,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if renewal.credentials.expires_at <= current.expires_at {
             return false;
         }

@@ -126,24 +126,31 @@ pub async fn hand_to(
     }
 }
 
-/// Mints the attempt's credentials; returns them with how long they last.
+/// Mints the attempt's credentials; returns them with when they were asked for (on the real
+/// clock, as STS's expiry is): their life is measured from then, whatever STS granted.
 pub(super) async fn minted(
     scope: &JobScope<'_>,
     minter: &crate::credentials::Minter,
     run_id: &str,
     epoch: u64,
-) -> Result<(crate::credentials::RunCredentials, std::time::Duration), SweepError> {
-    let duration = minter.duration();
+) -> Result<
+    (
+        crate::credentials::RunCredentials,
+        chrono::DateTime<chrono::Utc>,
+    ),
+    SweepError,
+> {
+    let issued = chrono::Utc::now();
     let folder = scope.keys.run_folder(run_id);
     let creds = minter
-        .mint(&folder, run_id, epoch, duration)
+        .mint(&folder, run_id, epoch, minter.duration())
         .await
         .map_err(|source| SweepError::Credentials {
             run_id: run_id.into(),
             source,
         })?;
     tracing::info!(job = %scope.name, run = %run_id, epoch, expires_at = %creds.expires_at, "minted the attempt's store credentials");
-    Ok((creds, duration))
+    Ok((creds, issued))
 }
 
 async fn create_secret(
@@ -168,9 +175,7 @@ async fn create_secret(
         ByteString(holder(scope, run_id, epoch).into_bytes()),
     );
     if let Some(minter) = &scope.cx.settings.minter {
-        // When the sidecar looks for renewals is measured from this mint, whatever STS granted.
-        let issued = chrono::Utc::now();
-        let (creds, _) = minted(scope, minter, run_id, epoch).await?;
+        let (creds, issued) = minted(scope, minter, run_id, epoch).await?;
         for (k, v) in creds.env(issued) {
             data.insert(k.into(), ByteString(v.into_bytes()));
         }

@@ -109,9 +109,8 @@ async fn renew(
             return Ok(());
         }
     }
-    // STS's expiry is on the real clock: the new set's life is measured from this mint.
-    let issued = Utc::now();
-    let (credentials, _) = super::holder::minted(scope, minter, &run.run_id, lease.epoch).await?;
+    let (credentials, issued) =
+        super::holder::minted(scope, minter, &run.run_id, lease.epoch).await?;
     let expires = credentials.expires_at;
     let renewal = Renewal {
         refresh_at: refresh_at(issued, expires),
