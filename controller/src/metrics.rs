@@ -124,6 +124,7 @@ pub struct Metrics {
     takeovers: Counter,
     respawns: Counter,
     dispatch_lag: Histogram,
+    tick_pickup: Histogram,
     reconcile_duration: Histogram,
     reconcile_errors: Family<ErrorLabel, Counter>,
     job_active: Family<JobLabels, Gauge>,
@@ -184,6 +185,7 @@ impl Metrics {
             respawns: Counter::default(),
             // 10 ms .. ~10 min
             dispatch_lag: Histogram::new(exponential_buckets(0.01, 2.0, 17)),
+            tick_pickup: Histogram::new(exponential_buckets(0.01, 2.0, 17)),
             // 1 ms .. ~30 s
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             reconcile_errors: Family::default(),
@@ -214,6 +216,12 @@ impl Metrics {
             "cojob_dispatch_lag_seconds",
             "From a tick's fire time to its run's pod being created (first attempt)",
             m.dispatch_lag.clone(),
+        );
+        m.registry.register(
+            "cojob_tick_pickup_seconds",
+            "From a tick's fire time to the start of the pass that decides it (the wait for a \
+             worker in the reconcile queue, plus the requeue timer's own lateness)",
+            m.tick_pickup.clone(),
         );
         m.registry.register(
             "cojob_reconcile_duration_seconds",
@@ -273,6 +281,12 @@ impl Metrics {
     /// A first attempt's pod was created `lag` after its tick.
     pub fn dispatched(&self, lag: Duration) {
         self.dispatch_lag.observe(lag.as_secs_f64());
+    }
+
+    /// A pass that started `lag` after the oldest tick it decides (the reconcile queue's
+    /// latency for scheduled work).
+    pub fn tick_picked_up(&self, lag: Duration) {
+        self.tick_pickup.observe(lag.as_secs_f64());
     }
 
     /// A reconcile pass took `took`, and failed with `error` if any.

@@ -1346,7 +1346,8 @@ async fn check_metrics(ctx: &Ctx, ns: &str, name: &str, succeeded: i64) -> anyho
     ensure!(
         sum("cojob_decisions_total{kind=\"run\"}") >= expected
             && sum("cojob_runs_total{outcome=\"succeeded\"}") >= expected
-            && sum("cojob_dispatch_lag_seconds_count") >= expected,
+            && sum("cojob_dispatch_lag_seconds_count") >= expected
+            && sum("cojob_tick_pickup_seconds_count") >= expected,
         "metrics of {} replica(s) count fewer than the {succeeded} runs of {ns}/{name}: {sums:?}",
         ports.len()
     );

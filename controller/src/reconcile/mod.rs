@@ -458,6 +458,7 @@ async fn sync(
     said: &mut Announcements,
 ) -> Result<Synced, Error> {
     let db = &scope.cx.db;
+    let started = db.clock().now();
     let spec = &scope.job.spec;
     let doc = db.doc::<JobIndex>(&scope.keys.index());
     let mut known = read_index(scope, &doc).await?;
@@ -506,6 +507,15 @@ async fn sync(
     // Decide the due ticks.
     let (decisions, next, missed_before) =
         decide_ticks(scope, schedule, &index_of(&known), now, said).await?;
+    let oldest_run = decisions
+        .iter()
+        .filter(|(_, d)| matches!(d, Decision::RunId(_)))
+        .filter_map(|(t, _)| *t)
+        .min();
+    if let Some(tick) = oldest_run {
+        let lag = (started - tick).to_std().unwrap_or_default();
+        scope.cx.metrics.tick_picked_up(lag);
+    }
     if !decisions.is_empty() || missed_before.is_some() {
         known = update_index(&doc, known, |i| {
             if let Some(before) = missed_before {

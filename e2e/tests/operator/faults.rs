@@ -304,32 +304,7 @@ pub async fn deleted_after_success(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
     Ok(())
 }
 
-/// The PID of a run pod's sidecar process on this node (found through `/proc`).
-pub fn sidecar_pid(pod: &str) -> Option<i32> {
-    let want = format!("POD_NAME={pod}");
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if !cmdline.starts_with(b"/cojob\0sidecar") {
-            continue;
-        }
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if environ.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
-            return Some(pid);
-        }
-    }
-    None
-}
-
-pub fn signal(pid: i32, sig: &str) -> anyhow::Result<()> {
-    let status = std::process::Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()?;
-    ensure!(status.success(), "kill {sig} {pid} failed");
-    Ok(())
-}
+pub use cojob_e2e::{sidecar_pid, signal};
 
 /// h. G3: a frozen sidecar next to a workload that ignores SIGTERM.
 pub async fn frozen_sidecar(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {

@@ -1,0 +1,1232 @@
+//! Punctuality and cost, side by side with CronJob, on the real cluster (`e2e/bench/run`).
+//!
+//! ```text
+//! cojob-bench [--n 10,100] [--ticks 3] [--every 1] [--kwok 1000,10000] [--kwok-every 5]
+//!             [--kwok-ticks 5] [--recovery K] [--recovery-ttl 12,30]
+//!             [--metrics 127.0.0.1:18080] [--json OUT] [--check] [--docs FILE --command LINE]
+//! ```
+//!
+//! For each size N: a fresh namespace with N CronJobs and N CoordinatedJobs on the same
+//! schedule (`*/every * * * *`), with the same pod (busybox `true`, host network). Sizes of
+//! `--n` run on the real node; sizes of `--kwok` on the simulated nodes of `e2e/bench/kwok`
+//! (nothing runs there: a pod is Running when bound and Succeeded 2 to 7 s later). After the
+//! ticks, both kinds are suspended and the pods are read back:
+//!
+//! - **dispatch lag**: the pod's creation minus the tick it serves (for CronJob, the tick is its
+//!   Job's `batch.kubernetes.io/cronjob-scheduled-timestamp`; for cojob, `COJOB_FIRE_TIME`);
+//! - **start lag**: the workload container's start minus the tick (real node only);
+//! - **duplicates**: more than one Job (CronJob) or run (cojob) for one tick of one object;
+//! - **misses**: ticks of the window without a Job (CronJob) or a run (cojob), read once every
+//!   object of both kinds has decided the last tick (`status.lastScheduleTime`, waited for up
+//!   to 2 minutes), so a late decision counts as lag, not as a miss; each miss is printed.
+//!   A decided tick whose pod does not exist yet at the end is counted apart.
+//!
+//! Timestamps are the API server's, whole seconds. CPU time and resident memory come from
+//! `/proc` (the cluster runs on this machine): the cojob controller's, kube-controller-manager's
+//! (CronJob's and every other built-in controller), and what both share (API server, etcd,
+//! scheduler, kwok). The controller's bucket requests and its tick pickup latency (the
+//! reconcile queue's) come from its `/metrics` (`--metrics`), the API server requests of each
+//! controller from the API server's own `/metrics` (dispatched requests by flow schema).
+//! `--recovery K` then times K recoveries after a pod is deleted, at each ttl of
+//! `--recovery-ttl` (module `recovery`). `--json` writes the figures, `--docs` the tables and
+//! the plots (module `plots`); `--check` fails on any duplicate or miss (CI's small run).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use chrono::{DateTime, Timelike, Utc};
+use k8s_openapi::api::batch::v1::{CronJob, Job};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+mod plots;
+mod recovery;
+
+struct Options {
+    /// Sizes on the real node.
+    sizes: Vec<usize>,
+    /// Sizes on the simulated nodes.
+    kwok_sizes: Vec<usize>,
+    ticks: u32,
+    /// Minutes between ticks (`*/every * * * *`) on the real node.
+    every: u32,
+    /// Minutes between ticks on the simulated nodes.
+    kwok_every: u32,
+    /// Ticks measured on the simulated nodes.
+    kwok_ticks: u32,
+    /// Recoveries to measure at each lease ttl of `recovery_ttls`.
+    recoveries: usize,
+    /// Lease ttls (seconds) of the recovery measurement.
+    recovery_ttls: Vec<i64>,
+    metrics: String,
+    json: Option<String>,
+    check: bool,
+    docs: Option<String>,
+    command: String,
+}
+
+fn options() -> anyhow::Result<Options> {
+    let mut o = Options {
+        sizes: vec![10],
+        ticks: 3,
+        kwok_sizes: Vec::new(),
+        every: 1,
+        kwok_every: 5,
+        kwok_ticks: 5,
+        recoveries: 0,
+        recovery_ttls: vec![12, 30],
+        metrics: "127.0.0.1:18080".into(),
+        json: None,
+        check: false,
+        docs: None,
+        command: "cojob-bench".into(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{a} needs a value"));
+        let sizes = |v: String| {
+            v.split(',')
+                .filter(|n| !n.trim().is_empty())
+                .map(|n| n.trim().parse().context("sizes are numbers, e.g. 10,100"))
+                .collect::<anyhow::Result<Vec<usize>>>()
+        };
+        match a.as_str() {
+            "--n" => o.sizes = sizes(value()?)?,
+            "--kwok" => o.kwok_sizes = sizes(value()?)?,
+            "--kwok-every" => {
+                o.kwok_every = value()?.parse().context("--kwok-every takes minutes")?
+            }
+            "--ticks" => o.ticks = value()?.parse().context("--ticks takes a number")?,
+            "--recovery" => o.recoveries = value()?.parse().context("--recovery takes a number")?,
+            "--recovery-ttl" => {
+                o.recovery_ttls = value()?
+                    .split(',')
+                    .map(|t| {
+                        t.trim()
+                            .parse()
+                            .context("--recovery-ttl takes seconds, e.g. 12,30")
+                    })
+                    .collect::<anyhow::Result<_>>()?
+            }
+            "--kwok-ticks" => {
+                o.kwok_ticks = value()?.parse().context("--kwok-ticks takes a number")?
+            }
+            "--every" => o.every = value()?.parse().context("--every takes minutes")?,
+            "--metrics" => o.metrics = value()?,
+            "--json" => o.json = Some(value()?),
+            "--check" => o.check = true,
+            "--docs" => o.docs = Some(value()?),
+            "--command" => o.command = value()?,
+            "-h" | "--help" => {
+                println!(
+                    "cojob-bench [--n 10,100] [--ticks 3] [--every MINUTES] [--kwok 1000,10000] [--kwok-every 5] [--kwok-ticks 5] [--recovery K] [--recovery-ttl 12,30] [--metrics HOST:PORT] [--json OUT] [--check] [--docs FILE --command LINE]"
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?} (see --help)"),
+        }
+    }
+    // Both kinds keep 10 finished runs (and their pods): more ticks could not be read back.
+    ensure!(
+        (1..=10).contains(&o.ticks) && (1..=10).contains(&o.kwok_ticks),
+        "--ticks and --kwok-ticks must be within 1..=10"
+    );
+    ensure!(
+        o.sizes
+            .iter()
+            .chain(&o.kwok_sizes)
+            .all(|n| (1..=10_000).contains(n)),
+        "sizes must be within 1..=10000"
+    );
+    ensure!(
+        o.recovery_ttls.iter().all(|t| (6..=300).contains(t)),
+        "--recovery-ttl values must be within 6..=300 seconds"
+    );
+    for every in [o.every, o.kwok_every] {
+        ensure!(
+            (1..=30).contains(&every) && 60 % every == 0,
+            "--every and --kwok-every must divide an hour (1, 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30 minutes)"
+        );
+    }
+    Ok(o)
+}
+
+/// Where the benchmark's pods run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Nodes {
+    /// The cluster's one real kubelet: start lag is real.
+    Real,
+    /// The simulated nodes of `e2e/bench/kwok` (label `type=kwok`): nothing runs, a pod is
+    /// Running as soon as it is bound and Succeeded 2 to 7 s later, so dispatch lag and the
+    /// controllers' cost are real, start lag is the scheduler's and kwok's.
+    Kwok,
+}
+
+/// The pod both kinds run: as small as a pod gets on this cluster.
+fn pod_spec(nodes: Nodes) -> Value {
+    let mut spec = json!({
+        "hostNetwork": true,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{
+            "name": "main",
+            "image": cojob_e2e::image("busybox"),
+            "imagePullPolicy": "Never",
+            "command": ["true"],
+            "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
+        }]
+    });
+    if nodes == Nodes::Kwok {
+        spec["nodeSelector"] = json!({"type": "kwok"});
+        spec["tolerations"] =
+            json!([{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}]);
+    }
+    spec
+}
+
+fn coordinated_jobs(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("cojob.dev", "v1alpha1", "CoordinatedJob");
+    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
+}
+
+/// One pod's figures.
+struct Sample {
+    /// Which object it belongs to.
+    owner: String,
+    tick: DateTime<Utc>,
+    created: DateTime<Utc>,
+    started: Option<DateTime<Utc>>,
+    /// The Job (CronJob) or run (cojob) it serves.
+    unit: String,
+}
+
+/// The figures of one kind at one size.
+#[derive(Debug, serde::Serialize)]
+struct Figures {
+    pods: usize,
+    dispatch: Stats,
+    start: Stats,
+    duplicates: usize,
+    misses: usize,
+    /// Ticks decided to run (a Job, or a cojob run, exists) whose pod did not exist yet when
+    /// the pods were read back: lag beyond the window, not a miss.
+    unspawned: usize,
+    /// Runs that took more than one attempt's lease (cojob: epoch above 1; CronJob: 0).
+    respawned: usize,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Stats {
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn stats(mut v: Vec<f64>) -> Stats {
+    if v.is_empty() {
+        return Stats {
+            p50: f64::NAN,
+            p99: f64::NAN,
+            max: f64::NAN,
+        };
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    Stats {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: v[v.len() - 1],
+    }
+}
+
+/// `served`: ticks known to have run although no pod of theirs is left (a cojob run whose lease
+/// was taken over keeps the outcome of the pod that succeeded, and that pod goes once the
+/// outcome is recorded). `decided`: ticks with a Job (CronJob) or a run (cojob), pod or not.
+/// `respawned`: runs that took more than one lease epoch.
+fn figures(
+    samples: &[Sample],
+    owners: &[String],
+    ticks: &[DateTime<Utc>],
+    served: &BTreeSet<(String, DateTime<Utc>)>,
+    decided: &BTreeSet<(String, DateTime<Utc>)>,
+    respawned: usize,
+) -> Figures {
+    let secs = |a: DateTime<Utc>, b: DateTime<Utc>| (a - b).num_milliseconds() as f64 / 1000.0;
+    let mut units: BTreeMap<(String, DateTime<Utc>), BTreeSet<String>> = BTreeMap::new();
+    for s in samples {
+        units
+            .entry((s.owner.clone(), s.tick))
+            .or_default()
+            .insert(s.unit.clone());
+    }
+    let duplicates = units.values().filter(|u| u.len() > 1).count();
+    let (unspawned, missed): (Vec<_>, Vec<_>) = owners
+        .iter()
+        .flat_map(|o| ticks.iter().map(move |t| (o.clone(), *t)))
+        .filter(|k| !units.contains_key(k) && !served.contains(k))
+        .partition(|k| decided.contains(k));
+    for (owner, tick) in &missed {
+        println!("bench: no pod for {owner} at {tick}");
+    }
+    let misses = missed.len();
+    let in_window: Vec<&Sample> = samples.iter().filter(|s| ticks.contains(&s.tick)).collect();
+    Figures {
+        pods: in_window.len(),
+        dispatch: stats(in_window.iter().map(|s| secs(s.created, s.tick)).collect()),
+        start: stats(
+            in_window
+                .iter()
+                .filter_map(|s| s.started.map(|st| secs(st, s.tick)))
+                .collect(),
+        ),
+        duplicates,
+        misses,
+        unspawned: unspawned.len(),
+        respawned,
+    }
+}
+
+fn main_started(pod: &Pod) -> Option<DateTime<Utc>> {
+    let status = pod.status.as_ref()?;
+    let main = status
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == "main")?;
+    let state = main.state.as_ref()?;
+    let at = state
+        .running
+        .as_ref()
+        .and_then(|r| r.started_at.as_ref())
+        .or_else(|| {
+            state
+                .terminated
+                .as_ref()
+                .and_then(|t| t.started_at.as_ref())
+        })?;
+    DateTime::from_timestamp(at.0.as_second(), 0)
+}
+
+fn created(pod: &Pod) -> Option<DateTime<Utc>> {
+    let t = pod.metadata.creation_timestamp.as_ref()?;
+    DateTime::from_timestamp(t.0.as_second(), 0)
+}
+
+/// CPU seconds and resident bytes of the processes whose arguments satisfy `is_it` (the
+/// cluster runs on this machine, so its processes are in this `/proc`).
+fn process_cost(is_it: impl Fn(&[String]) -> bool) -> (f64, u64) {
+    let ticks_per_second = 100.0; // USER_HZ on Linux
+    let (mut cpu, mut rss) = (0.0, 0);
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return (0.0, 0);
+    };
+    for entry in dir.flatten() {
+        let path = entry.path();
+        let Ok(cmd) = std::fs::read(path.join("cmdline")) else {
+            continue;
+        };
+        let argv: Vec<String> = cmd
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        if !is_it(&argv) {
+            continue;
+        }
+        if let Ok(stat) = std::fs::read_to_string(path.join("stat"))
+            && let Some((_, rest)) = stat.rsplit_once(')')
+        {
+            // proc(5): after the command come state (3), …, utime (14) and stime (15).
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let utime: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            let stime: f64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            cpu += (utime + stime) / ticks_per_second;
+        }
+        if let Ok(status) = std::fs::read_to_string(path.join("status"))
+            && let Some(kb) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        {
+            rss += kb * 1024;
+        }
+    }
+    (cpu, rss)
+}
+
+/// `cojob controller`, as the chart runs it.
+fn is_cojob_controller(argv: &[String]) -> bool {
+    argv.first()
+        .is_some_and(|a| a.ends_with("/cojob") || a == "cojob")
+        && argv.get(1).is_some_and(|a| a == "controller")
+}
+
+/// kube-controller-manager (its CronJob controller runs inside it, with every other one).
+fn is_kube_controller_manager(argv: &[String]) -> bool {
+    is_program(argv, "kube-controller-manager")
+}
+
+/// The API server, etcd, the scheduler and kwok: what both kinds share.
+fn is_shared_component(argv: &[String]) -> bool {
+    ["kube-apiserver", "etcd", "kube-scheduler", "kwok"]
+        .iter()
+        .any(|p| is_program(argv, p))
+}
+
+/// True when `argv[0]`'s file name starts with `program` (the cluster's binaries carry their
+/// version: `kube-apiserver-v1.34.12`).
+fn is_program(argv: &[String], program: &str) -> bool {
+    argv.first().is_some_and(|a| {
+        a.rsplit('/')
+            .next()
+            .is_some_and(|b| b == program || b.starts_with(&format!("{program}-")))
+    })
+}
+
+/// The machine's busy and total CPU time so far, in seconds (`/proc/stat`).
+fn machine_cpu() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return (0.0, 0.0);
+    };
+    let f: Vec<f64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: f64 = f.iter().take(8).sum();
+    // idle (4th) and iowait (5th) are not busy.
+    let idle = f.get(3).copied().unwrap_or(0.0) + f.get(4).copied().unwrap_or(0.0);
+    ((total - idle) / 100.0, total / 100.0)
+}
+
+/// The sum of the controller's bucket request counters, from its `/metrics`.
+async fn bucket_requests(metrics: &str) -> anyhow::Result<f64> {
+    let text = cojob_e2e::run_tool(
+        "curl",
+        &["-sS", "--fail", &format!("http://{metrics}/metrics")],
+    )
+    .await
+    .with_context(|| format!("scraping the controller's /metrics at {metrics}"))?;
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("cojob_store_requests_total{"))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum())
+}
+
+/// A histogram of the controller's, as scraped: cumulative bucket counts by upper bound.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+struct Pickup {
+    /// Observations.
+    count: f64,
+    /// Their mean, in seconds.
+    mean: f64,
+    /// The upper bound of the bucket holding the 99th percentile, in seconds.
+    p99_at_most: f64,
+    #[serde(skip)]
+    sum: f64,
+    #[serde(skip)]
+    buckets: Vec<(f64, f64)>,
+}
+
+impl Pickup {
+    /// The observations made between `before` and `self`.
+    fn since(&self, before: &Pickup) -> Pickup {
+        let buckets: Vec<(f64, f64)> = self
+            .buckets
+            .iter()
+            .map(|(le, c)| {
+                let old = before
+                    .buckets
+                    .iter()
+                    .find(|(l, _)| l == le)
+                    .map_or(0.0, |(_, c)| *c);
+                (*le, c - old)
+            })
+            .collect();
+        let count = self.count - before.count;
+        let sum = self.sum - before.sum;
+        let p99_at_most = buckets
+            .iter()
+            .find(|(_, c)| count > 0.0 && *c >= 0.99 * count)
+            .map_or(f64::NAN, |(le, _)| *le);
+        Pickup {
+            count,
+            mean: if count > 0.0 { sum / count } else { f64::NAN },
+            p99_at_most,
+            sum,
+            buckets,
+        }
+    }
+}
+
+/// The controller's `cojob_tick_pickup_seconds` histogram, from its `/metrics`.
+async fn tick_pickup(metrics: &str) -> anyhow::Result<Pickup> {
+    let text = cojob_e2e::run_tool(
+        "curl",
+        &["-sS", "--fail", &format!("http://{metrics}/metrics")],
+    )
+    .await
+    .with_context(|| format!("scraping the controller's /metrics at {metrics}"))?;
+    let mut h = Pickup::default();
+    for line in text.lines() {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        if name == "cojob_tick_pickup_seconds_sum" {
+            h.sum = value;
+        } else if name == "cojob_tick_pickup_seconds_count" {
+            h.count = value;
+        } else if let Some(le) = name
+            .strip_prefix("cojob_tick_pickup_seconds_bucket{le=\"")
+            .and_then(|r| r.strip_suffix("\"}"))
+        {
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            h.buckets.push((le, value));
+        }
+    }
+    ensure!(
+        !h.buckets.is_empty(),
+        "the controller at {metrics} has no cojob_tick_pickup_seconds (an older build?)"
+    );
+    Ok(h)
+}
+
+/// API server requests dispatched so far, by who sent them: the cojob controller (its service
+/// account outside kube-system: flow schema `service-accounts`, which nothing else uses during
+/// the bench) and the kube-controller-manager (its controllers run under kube-system service
+/// accounts, plus its own identity; all of them, not only CronJob's and Job's).
+async fn api_requests() -> anyhow::Result<(f64, f64)> {
+    let text = cojob_e2e::run_tool("kubectl", &["get", "--raw", "/metrics"])
+        .await
+        .context("scraping the API server's /metrics")?;
+    let (mut cojob, mut kcm) = (0.0, 0.0);
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("apiserver_flowcontrol_dispatched_requests_total{"))
+    {
+        let Some(value) = line
+            .rsplit_once(' ')
+            .and_then(|(_, v)| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        if line.contains("flow_schema=\"service-accounts\"") {
+            cojob += value;
+        } else if line.contains("flow_schema=\"kube-system-service-accounts\"")
+            || line.contains("flow_schema=\"kube-controller-manager\"")
+        {
+            kcm += value;
+        }
+    }
+    Ok((cojob, kcm))
+}
+
+/// The first tick of `*/every * * * *` after `t`.
+fn next_tick(t: DateTime<Utc>, every: u32) -> DateTime<Utc> {
+    let floor = t
+        .with_second(0)
+        .and_then(|t| t.with_nanosecond(0))
+        .unwrap_or(t);
+    let mut tick = floor + chrono::Duration::minutes(1);
+    while !tick.minute().is_multiple_of(every) {
+        tick += chrono::Duration::minutes(1);
+    }
+    tick
+}
+
+/// The cron expression of a tick every `every` minutes.
+fn schedule(every: u32) -> String {
+    if every == 1 {
+        "* * * * *".into()
+    } else {
+        format!("*/{every} * * * *")
+    }
+}
+
+#[derive(serde::Serialize)]
+struct SizeResult {
+    n: usize,
+    ticks: u32,
+    every_minutes: u32,
+    nodes: Nodes,
+    cronjob: Figures,
+    cojob: Figures,
+    controller_cpu_seconds_per_tick: f64,
+    controller_rss_bytes: u64,
+    kube_controller_manager_cpu_seconds_per_tick: f64,
+    bucket_requests_per_run: f64,
+    controller_api_requests_per_tick: f64,
+    kube_controller_manager_api_requests_per_tick: f64,
+    /// CPU seconds per tick of what both kinds share: API server, etcd, scheduler, kwok.
+    shared_cpu_seconds_per_tick: f64,
+    /// The machine's CPU busy over the window, 0 to 1 (all cores).
+    machine_busy: f64,
+    /// Seconds from a tick to the start of the controller's pass that decided it (the wait in
+    /// its work queue, plus the requeue's own timer), from `cojob_tick_pickup_seconds`.
+    tick_pickup: Pickup,
+}
+
+/// Every object of `api`, read in pages of 500 (at N = 10 000 a namespace holds tens of
+/// thousands of pods: one unpaged list would be hundreds of megabytes).
+async fn list_all<K>(api: &Api<K>) -> anyhow::Result<Vec<K>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        out.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// How many objects `api` holds, from one page of one (the API server counts the rest).
+async fn count<K>(api: &Api<K>) -> anyhow::Result<u64>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let page = api.list(&ListParams::default().limit(1)).await?;
+    let rest = page
+        .metadata
+        .remaining_item_count
+        .map_or(0, |r| r.max(0).unsigned_abs());
+    Ok(page.items.len() as u64 + rest)
+}
+
+/// Runs `task(i)` for every `i` in `0..n`, 32 at a time (one client: creating 20 000 objects
+/// one after the other would take longer than a tick).
+async fn for_each_parallel<F, Fut>(n: usize, task: F) -> anyhow::Result<()>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        if set.len() >= 32
+            && let Some(done) = set.join_next().await
+        {
+            done??;
+        }
+        set.spawn(task(i));
+    }
+    while let Some(done) = set.join_next().await {
+        done??;
+    }
+    Ok(())
+}
+
+/// One size to measure: N of each kind, where, and how often they tick.
+#[derive(Debug, Clone, Copy)]
+struct Size {
+    n: usize,
+    nodes: Nodes,
+    every: u32,
+    ticks: u32,
+}
+
+async fn run_size(client: &Client, o: &Options, size: Size) -> anyhow::Result<SizeResult> {
+    let n = size.n;
+    let ns = cojob_e2e::TestNamespace::create(client, &format!("bench-n{n}")).await;
+    cojob_e2e::provide_store_credentials(client, &ns.name).await;
+    let result = measure(client, o, size, &ns.name).await;
+    if let Ok(r) = &result {
+        // Each size as soon as it is measured: a long run's figures must not wait for its end.
+        println!("\n{}", tables(std::slice::from_ref(r)));
+    }
+    let name = ns.name.clone();
+    ns.cleanup().await;
+    // The next size starts on an empty cluster: wait (bounded) for this one to be gone.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let t0 = tokio::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(900) {
+        if namespaces.get_opt(&name).await?.is_none() {
+            println!(
+                "bench: N = {n}: namespace {name} removed in {:?}",
+                t0.elapsed()
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    result
+}
+
+async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::Result<SizeResult> {
+    let Size {
+        n,
+        nodes,
+        every,
+        ticks: ticks_n,
+    } = size;
+    let cronjobs: Api<CronJob> = Api::namespaced(client.clone(), ns);
+    let cojobs = coordinated_jobs(client, ns);
+    // Create both sets in the first half of a minute, so that neither kind sees the next tick
+    // as already past.
+    let mut now = Utc::now();
+    if now.second() > 30 {
+        tokio::time::sleep(Duration::from_secs(u64::from(62 - now.second()))).await;
+        now = Utc::now();
+    }
+    let cron = schedule(every);
+    println!(
+        "bench: N = {n}: creating {n} CronJobs and {n} CoordinatedJobs on {cron:?} in {ns} ({nodes:?} nodes)"
+    );
+    let spec = pod_spec(nodes);
+    for_each_parallel(n, |i| {
+        let (cronjobs, cojobs, cron, spec) =
+            (cronjobs.clone(), cojobs.clone(), cron.clone(), spec.clone());
+        async move {
+            let cj: CronJob = serde_json::from_value(json!({
+                "metadata": {"name": format!("cj-{i}")},
+                "spec": {
+                    "schedule": cron,
+                    "concurrencyPolicy": "Allow",
+                    "successfulJobsHistoryLimit": 10,
+                    "jobTemplate": {"spec": {"backoffLimit": 0, "template": {"spec": spec}}}
+                }
+            }))?;
+            cronjobs.create(&PostParams::default(), &cj).await?;
+            let co: DynamicObject = serde_json::from_value(json!({
+                "apiVersion": "cojob.dev/v1alpha1",
+                "kind": "CoordinatedJob",
+                "metadata": {"name": format!("co-{i}")},
+                "spec": {
+                    "schedule": cron,
+                    "concurrencyPolicy": "Allow",
+                    "successfulRunsHistoryLimit": 10,
+                    "template": {"spec": spec}
+                }
+            }))?;
+            cojobs.create(&PostParams::default(), &co).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let created_all = Utc::now();
+    println!(
+        "bench: N = {n}: created in {} s",
+        (created_all - now).num_seconds()
+    );
+    // At least 5 s after the last object exists, so that every object sees the first tick.
+    let first = next_tick(created_all.max(now) + chrono::Duration::seconds(5), every);
+    let ticks: Vec<DateTime<Utc>> = (0..ticks_n)
+        .map(|k| first + chrono::Duration::minutes(i64::from(k * every)))
+        .collect();
+    // The costs are counted from the minute before the first tick (the previous tick's work,
+    // if any, is done by then) until 40 s after the last.
+    let counting = (first - chrono::Duration::seconds(50) - Utc::now())
+        .to_std()
+        .unwrap_or_default();
+    tokio::time::sleep(counting).await;
+    let (cpu0, _) = process_cost(is_cojob_controller);
+    let (kcm0, _) = process_cost(is_kube_controller_manager);
+    let (shared0, _) = process_cost(is_shared_component);
+    let (busy0, total0) = machine_cpu();
+    let req0 = bucket_requests(&o.metrics).await?;
+    let pickup0 = tick_pickup(&o.metrics).await?;
+    let (api0, kcm_api0) = api_requests().await?;
+    let last = ticks[ticks.len() - 1];
+    // Until the last tick's pods have had 40 s to start.
+    let wait = (last + chrono::Duration::seconds(40) - Utc::now())
+        .to_std()
+        .unwrap_or_default();
+    println!(
+        "bench: N = {n}: ticks {} .. {}; waiting {:?}",
+        ticks[0], last, wait
+    );
+    tokio::time::sleep(wait).await;
+    let (cpu1, rss) = process_cost(is_cojob_controller);
+    let (kcm1, _) = process_cost(is_kube_controller_manager);
+    let (shared1, _) = process_cost(is_shared_component);
+    let (busy1, total1) = machine_cpu();
+    let req1 = bucket_requests(&o.metrics).await?;
+    let pickup1 = tick_pickup(&o.metrics).await?;
+    let (api1, kcm_api1) = api_requests().await?;
+    // A tick decided late is late, not missed: wait (at most 2 minutes) until every object of
+    // both kinds has decided the last tick, so the suspension below cannot turn a late
+    // decision into a skipped tick.
+    let decided = |items: Vec<Value>| {
+        items
+            .iter()
+            .filter(|o| {
+                o.pointer("/status/lastScheduleTime")
+                    .and_then(Value::as_str)
+                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                    .is_some_and(|t| t.with_timezone(&Utc) >= last)
+            })
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let cron = list_all(&cronjobs).await?;
+        let co = list_all(&cojobs).await?;
+        let (cron_done, co_done) = (
+            decided(
+                cron.iter()
+                    .map(serde_json::to_value)
+                    .collect::<Result<_, _>>()?,
+            ),
+            decided(
+                co.iter()
+                    .map(serde_json::to_value)
+                    .collect::<Result<_, _>>()?,
+            ),
+        );
+        if (cron_done == n && co_done == n) || tokio::time::Instant::now() >= deadline {
+            println!(
+                "bench: N = {n}: last tick decided by {cron_done} CronJobs and {co_done} CoordinatedJobs"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(if n > 1000 { 10 } else { 2 })).await;
+    }
+    // Stop both kinds before reading back.
+    let suspend = json!({"spec": {"suspend": true}});
+    for_each_parallel(n, |i| {
+        let (cronjobs, cojobs, suspend) = (cronjobs.clone(), cojobs.clone(), suspend.clone());
+        async move {
+            let params = PatchParams::default();
+            cronjobs
+                .patch(&format!("cj-{i}"), &params, &Patch::Merge(&suspend))
+                .await?;
+            cojobs
+                .patch(&format!("co-{i}"), &params, &Patch::Merge(&suspend))
+                .await?;
+            Ok(())
+        }
+    })
+    .await?;
+    // A decided tick's pod may still be on its way (a Job's pod, or a run's pod behind its
+    // Secret): read back once the number of pods holds still for 10 s (at most 2 minutes).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let (mut seen, t0) = (count(&pods).await?, tokio::time::Instant::now());
+    while t0.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let now = count(&pods).await?;
+        if now == seen {
+            break;
+        }
+        seen = now;
+    }
+
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let mut scheduled: BTreeMap<String, (String, DateTime<Utc>)> = BTreeMap::new();
+    for job in list_all(&jobs).await? {
+        let owner = job
+            .owner_references()
+            .iter()
+            .find(|r| r.kind == "CronJob")
+            .map(|r| r.name.clone());
+        let tick = job
+            .annotations()
+            .get("batch.kubernetes.io/cronjob-scheduled-timestamp")
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc));
+        if let (Some(owner), Some(tick)) = (owner, tick) {
+            scheduled.insert(job.name_any(), (owner, tick));
+        }
+    }
+    let (mut cron, mut co) = (Vec::new(), Vec::new());
+    for pod in list_all(&pods).await? {
+        let Some(created) = created(&pod) else {
+            continue;
+        };
+        let started = main_started(&pod);
+        let labels = pod.labels();
+        if let Some(job) = labels.get("job-name") {
+            if let Some((owner, tick)) = scheduled.get(job) {
+                cron.push(Sample {
+                    owner: owner.clone(),
+                    tick: *tick,
+                    created,
+                    started,
+                    unit: job.clone(),
+                });
+            }
+        } else if let (Some(owner), Some(run)) =
+            (labels.get("cojob.dev/job"), labels.get("cojob.dev/run"))
+        {
+            let tick = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| c.name == "main"))
+                .and_then(|c| c.env.as_ref())
+                .and_then(|env| env.iter().find(|e| e.name == "COJOB_FIRE_TIME"))
+                .and_then(|e| e.value.as_deref())
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.with_timezone(&Utc));
+            if let Some(tick) = tick {
+                co.push(Sample {
+                    owner: owner.clone(),
+                    tick,
+                    created,
+                    started,
+                    unit: run.clone(),
+                });
+            }
+        }
+    }
+    let cron_owners: Vec<String> = (0..n).map(|i| format!("cj-{i}")).collect();
+    let co_owners: Vec<String> = (0..n).map(|i| format!("co-{i}")).collect();
+    // What the controller recorded: succeeded runs by tick, and runs of more than one epoch.
+    let (mut served, mut co_decided, mut respawned) = (BTreeSet::new(), BTreeSet::new(), 0);
+    for job in list_all(&cojobs).await? {
+        let status = job.data.get("status").cloned().unwrap_or_default();
+        for list in ["active", "recent"] {
+            for run in status
+                .get(list)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let tick = run
+                    .get("tick")
+                    .and_then(Value::as_str)
+                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.with_timezone(&Utc));
+                let Some(tick) = tick.filter(|t| ticks.contains(t)) else {
+                    continue;
+                };
+                if run.get("epoch").and_then(Value::as_i64).unwrap_or(0) > 1 {
+                    respawned += 1;
+                }
+                if run.get("phase").and_then(Value::as_str) == Some("succeeded") {
+                    served.insert((job.name_any(), tick));
+                }
+                co_decided.insert((job.name_any(), tick));
+            }
+        }
+    }
+    let co_figures = figures(&co, &co_owners, &ticks, &served, &co_decided, respawned);
+    let cron_decided: BTreeSet<(String, DateTime<Utc>)> = scheduled.values().cloned().collect();
+    let runs = co_figures.pods.max(1) as f64;
+    Ok(SizeResult {
+        n,
+        ticks: ticks_n,
+        every_minutes: every,
+        nodes,
+        tick_pickup: pickup1.since(&pickup0),
+        shared_cpu_seconds_per_tick: (shared1 - shared0) / f64::from(ticks_n),
+        machine_busy: if total1 > total0 {
+            (busy1 - busy0) / (total1 - total0)
+        } else {
+            f64::NAN
+        },
+        cronjob: figures(
+            &cron,
+            &cron_owners,
+            &ticks,
+            &BTreeSet::new(),
+            &cron_decided,
+            0,
+        ),
+        cojob: co_figures,
+        controller_cpu_seconds_per_tick: (cpu1 - cpu0) / f64::from(ticks_n),
+        controller_rss_bytes: rss,
+        kube_controller_manager_cpu_seconds_per_tick: (kcm1 - kcm0) / f64::from(ticks_n),
+        bucket_requests_per_run: (req1 - req0) / runs,
+        controller_api_requests_per_tick: (api1 - api0) / f64::from(ticks_n),
+        kube_controller_manager_api_requests_per_tick: (kcm_api1 - kcm_api0) / f64::from(ticks_n),
+    })
+}
+
+/// What the plots show of one size.
+fn plot_point(r: &SizeResult) -> plots::Point {
+    plots::Point {
+        n: r.n,
+        cronjob_dispatch_p99: r.cronjob.dispatch.p99,
+        cojob_dispatch_p99: r.cojob.dispatch.p99,
+        // On simulated nodes nothing starts: their start lag is kwok's, not a kubelet's.
+        cronjob_start_p99: if r.nodes == Nodes::Real {
+            r.cronjob.start.p99
+        } else {
+            f64::NAN
+        },
+        cojob_start_p99: if r.nodes == Nodes::Real {
+            r.cojob.start.p99
+        } else {
+            f64::NAN
+        },
+        controller_rss_mib: r.controller_rss_bytes as f64 / (1024.0 * 1024.0),
+        controller_api_requests_per_tick: r.controller_api_requests_per_tick,
+        kube_controller_manager_api_requests_per_tick: r
+            .kube_controller_manager_api_requests_per_tick,
+        bucket_requests_per_run: r.bucket_requests_per_run,
+        controller_cpu_seconds_per_tick: r.controller_cpu_seconds_per_tick,
+        kube_controller_manager_cpu_seconds_per_tick: r
+            .kube_controller_manager_cpu_seconds_per_tick,
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("{:.2}", a / b)
+    } else if a == 0.0 {
+        "= (both 0)".into()
+    } else {
+        format!("∞ ({a} vs 0)")
+    }
+}
+
+/// The figures as two Markdown tables.
+fn tables(results: &[SizeResult]) -> String {
+    let mut t = String::from(
+        "| N | nodes | ticks (every) | kind | pods | dispatch lag p50 / p99 / max (s) | start lag p50 / p99 / max (s) | duplicates | misses | pod not created by the end | respawned runs |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in results {
+        let nodes = match r.nodes {
+            Nodes::Real => "real",
+            Nodes::Kwok => "kwok (simulated)",
+        };
+        for (kind, f) in [("CronJob", &r.cronjob), ("cojob", &r.cojob)] {
+            t.push_str(&format!(
+                "| {} | {nodes} | {} ({} min) | {kind} | {} | {} / {} / {} | {} / {} / {} | {} | {} | {} | {} |\n",
+                r.n,
+                r.ticks,
+                r.every_minutes,
+                f.pods,
+                f.dispatch.p50,
+                f.dispatch.p99,
+                f.dispatch.max,
+                f.start.p50,
+                f.start.p99,
+                f.start.max,
+                f.duplicates,
+                f.misses,
+                f.unspawned,
+                f.respawned
+            ));
+        }
+    }
+    t.push_str(
+        "\n| N | dispatch lag p99, cojob / CronJob | start lag p99, cojob / CronJob | cojob controller CPU s per tick | kube-controller-manager CPU s per tick | API requests per tick, cojob controller / kube-controller-manager | cojob controller RSS (MiB) | bucket requests per run | tick pickup mean / p99 ≤ (s) | API server + etcd + scheduler + kwok CPU s per tick | machine CPU busy |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in results {
+        t.push_str(&format!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.0} / {:.0} | {:.1} | {:.1} | {:.2} / {} | {:.1} | {:.0} % |\n",
+            r.n,
+            ratio(r.cojob.dispatch.p99, r.cronjob.dispatch.p99),
+            ratio(r.cojob.start.p99, r.cronjob.start.p99),
+            r.controller_cpu_seconds_per_tick,
+            r.kube_controller_manager_cpu_seconds_per_tick,
+            r.controller_api_requests_per_tick,
+            r.kube_controller_manager_api_requests_per_tick,
+            r.controller_rss_bytes as f64 / (1024.0 * 1024.0),
+            r.bucket_requests_per_run,
+            r.tick_pickup.mean,
+            r.tick_pickup.p99_at_most,
+            r.shared_cpu_seconds_per_tick,
+            r.machine_busy * 100.0
+        ));
+    }
+    t
+}
+
+const BEGIN: &str = "<!-- cojob-bench:begin (written by e2e/bench/run) -->";
+const END: &str = "<!-- cojob-bench:end -->";
+
+/// Replaces the figures between the markers in `path` (appending a section the first time).
+fn write_docs(path: &str, command: &str, tables: &str) -> anyhow::Result<()> {
+    let doc = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load = load
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let body = format!(
+        "{BEGIN}\nMeasured {} on this machine ({cores} cores; load average at the end {load}) with \
+         `{command}`.\n\n{tables}{END}",
+        Utc::now().format("%Y-%m-%d %H:%M UTC")
+    );
+    let new = match (doc.find(BEGIN), doc.find(END)) {
+        (Some(b), Some(e)) if b < e => format!("{}{body}{}", &doc[..b], &doc[e + END.len()..]),
+        _ => format!(
+            "{}\n## Side by side with CronJob (`e2e/bench/run`)\n\n{body}\n",
+            doc.trim_end()
+        ),
+    };
+    std::fs::write(path, new).with_context(|| format!("writing {path}"))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let o = options()?;
+    let client = cojob_e2e::client().await;
+    let mut results = Vec::new();
+    let real = o.sizes.iter().map(|&n| Size {
+        n,
+        nodes: Nodes::Real,
+        every: o.every,
+        ticks: o.ticks,
+    });
+    let kwok = o.kwok_sizes.iter().map(|&n| Size {
+        n,
+        nodes: Nodes::Kwok,
+        every: o.kwok_every,
+        ticks: o.kwok_ticks,
+    });
+    for size in real.chain(kwok).collect::<Vec<_>>() {
+        results.push(run_size(&client, &o, size).await?);
+    }
+    let mut recoveries = Vec::new();
+    if o.recoveries > 0 {
+        for fault in [recovery::Fault::Deleted, recovery::Fault::Silent] {
+            for &ttl in &o.recovery_ttls {
+                recoveries.push(recovery::measure(&client, fault, ttl, o.recoveries).await?);
+            }
+        }
+    }
+    let mut tables = tables(&results);
+    if !recoveries.is_empty() {
+        tables.push('\n');
+        tables.push_str(&recovery::table(&recoveries));
+    }
+    println!("\n{tables}");
+    if let Some(path) = &o.docs {
+        // The plots go next to the document, in bench/, and the document links them.
+        let dir = std::path::Path::new(path)
+            .parent()
+            .unwrap_or(std::path::Path::new("."))
+            .join("bench");
+        let points: Vec<plots::Point> = results.iter().map(plot_point).collect();
+        let files = plots::write(&points, &dir)?;
+        tables.push('\n');
+        for file in files {
+            let title = file.trim_end_matches(".svg");
+            tables.push_str(&format!("![{title}](bench/{file})\n"));
+        }
+        write_docs(path, &o.command, &tables)?;
+        println!(
+            "bench: wrote the figures into {path} and the plots into {}",
+            dir.display()
+        );
+    }
+    if let Some(path) = &o.json {
+        let all = json!({"sizes": results, "recovery": recoveries});
+        std::fs::write(path, serde_json::to_string_pretty(&all)?)
+            .with_context(|| format!("writing {path}"))?;
+    }
+    if o.check {
+        for r in &results {
+            for (kind, f) in [("CronJob", &r.cronjob), ("cojob", &r.cojob)] {
+                ensure!(
+                    f.duplicates == 0 && f.misses == 0,
+                    "N = {}: {kind} had {} duplicates and {} misses",
+                    r.n,
+                    f.duplicates,
+                    f.misses
+                );
+            }
+            ensure!(r.cojob.pods > 0, "N = {}: no cojob pod was measured", r.n);
+        }
+        println!("bench: check passed: no duplicate, no miss");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ticks_fall_on_multiples_of_the_interval() {
+        assert_eq!(
+            next_tick(t("2026-12-03T18:00:00Z"), 1),
+            t("2026-12-03T18:01:00Z")
+        );
+        assert_eq!(
+            next_tick(t("2026-12-03T18:01:30Z"), 5),
+            t("2026-12-03T18:05:00Z")
+        );
+        assert_eq!(
+            next_tick(t("2026-12-03T18:55:01Z"), 5),
+            t("2026-12-03T19:00:00Z")
+        );
+        assert_eq!(schedule(1), "* * * * *");
+        assert_eq!(schedule(5), "*/5 * * * *");
+    }
+
+    #[test]
+    fn the_pickup_histogram_is_the_difference_over_the_window() {
+        let before = Pickup {
+            count: 10.0,
+            sum: 1.0,
+            buckets: vec![(0.1, 10.0), (1.0, 10.0), (f64::INFINITY, 10.0)],
+            ..Pickup::default()
+        };
+        let after = Pickup {
+            count: 110.0,
+            sum: 21.0,
+            buckets: vec![(0.1, 60.0), (1.0, 108.0), (f64::INFINITY, 110.0)],
+            ..Pickup::default()
+        };
+        let window = after.since(&before);
+        assert_eq!(window.count, 100.0);
+        assert!((window.mean - 0.2).abs() < 1e-9);
+        // 98 of 100 within 1 s: the 99th percentile is in the +Inf bucket.
+        assert_eq!(window.p99_at_most, f64::INFINITY);
+        let nothing = after.since(&after);
+        assert!(nothing.mean.is_nan() && nothing.p99_at_most.is_nan());
+    }
+
+    fn sample(owner: &str, tick: &str, unit: &str, created: &str) -> Sample {
+        Sample {
+            owner: owner.into(),
+            tick: t(tick),
+            created: t(created),
+            started: None,
+            unit: unit.into(),
+        }
+    }
+
+    #[test]
+    fn figures_tell_duplicates_misses_and_late_pods_apart() {
+        let ticks = [t("2026-12-03T18:01:00Z"), t("2026-12-03T18:02:00Z")];
+        let owners = ["a".to_string(), "b".to_string(), "c".to_string()];
+        let samples = [
+            sample("a", "2026-12-03T18:01:00Z", "a-1", "2026-12-03T18:01:02Z"),
+            sample("a", "2026-12-03T18:02:00Z", "a-2", "2026-12-03T18:02:01Z"),
+            // Two units for one tick: a duplicate.
+            sample("b", "2026-12-03T18:01:00Z", "b-1", "2026-12-03T18:01:00Z"),
+            sample("b", "2026-12-03T18:01:00Z", "b-1x", "2026-12-03T18:01:03Z"),
+        ];
+        // b's second tick ran (recorded) without a pod left; c's first was decided, no pod
+        // yet; c's second was never decided: the one miss.
+        let served = BTreeSet::from([("b".to_string(), ticks[1])]);
+        let decided = BTreeSet::from([("c".to_string(), ticks[0])]);
+        let f = figures(&samples, &owners, &ticks, &served, &decided, 1);
+        assert_eq!(f.pods, 4);
+        assert_eq!(f.duplicates, 1);
+        assert_eq!(f.misses, 1);
+        assert_eq!(f.unspawned, 1);
+        assert_eq!(f.respawned, 1);
+        assert_eq!(f.dispatch.max, 3.0);
+        assert!(f.start.p50.is_nan(), "no pod started");
+    }
+}
