@@ -167,8 +167,8 @@ enum Nodes {
     Kwok,
 }
 
-/// The pod both kinds run: as small as a pod gets on this cluster.
-fn pod_spec(nodes: Nodes) -> Value {
+/// The pod both kinds run, running `command`: as small as a pod gets on this cluster.
+fn pod_spec(nodes: Nodes, command: &[&str]) -> Value {
     let mut spec = json!({
         "hostNetwork": true,
         "restartPolicy": "Never",
@@ -177,7 +177,7 @@ fn pod_spec(nodes: Nodes) -> Value {
             "name": "main",
             "image": cojob_e2e::image("busybox"),
             "imagePullPolicy": "Never",
-            "command": ["true"],
+            "command": command,
             "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
         }]
     });
@@ -405,21 +405,6 @@ fn machine_cpu() -> (f64, f64) {
     ((total - idle) / 100.0, total / 100.0)
 }
 
-/// The sum of the controller's bucket request counters, from its `/metrics`.
-async fn bucket_requests(metrics: &str) -> anyhow::Result<f64> {
-    let text = cojob_e2e::run_tool(
-        "curl",
-        &["-sS", "--fail", &format!("http://{metrics}/metrics")],
-    )
-    .await
-    .with_context(|| format!("scraping the controller's /metrics at {metrics}"))?;
-    Ok(text
-        .lines()
-        .filter(|l| l.starts_with("cojob_store_requests_total{"))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum())
-}
-
 /// A histogram of the controller's, as scraped: cumulative bucket counts by upper bound.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 struct Pickup {
@@ -466,15 +451,16 @@ impl Pickup {
     }
 }
 
-/// The controller's `cojob_tick_pickup_seconds` histogram, from its `/metrics`.
-async fn tick_pickup(metrics: &str) -> anyhow::Result<Pickup> {
+/// What the controller's `/metrics` says so far: the sum of its bucket request counters, and
+/// its `cojob_tick_pickup_seconds` histogram.
+async fn controller_metrics(metrics: &str) -> anyhow::Result<(f64, Pickup)> {
     let text = cojob_e2e::run_tool(
         "curl",
         &["-sS", "--fail", &format!("http://{metrics}/metrics")],
     )
     .await
     .with_context(|| format!("scraping the controller's /metrics at {metrics}"))?;
-    let mut h = Pickup::default();
+    let (mut requests, mut h) = (0.0, Pickup::default());
     for line in text.lines() {
         let Some((name, value)) = line.rsplit_once(' ') else {
             continue;
@@ -482,7 +468,9 @@ async fn tick_pickup(metrics: &str) -> anyhow::Result<Pickup> {
         let Ok(value) = value.parse::<f64>() else {
             continue;
         };
-        if name == "cojob_tick_pickup_seconds_sum" {
+        if name.starts_with("cojob_store_requests_total{") {
+            requests += value;
+        } else if name == "cojob_tick_pickup_seconds_sum" {
             h.sum = value;
         } else if name == "cojob_tick_pickup_seconds_count" {
             h.count = value;
@@ -490,19 +478,14 @@ async fn tick_pickup(metrics: &str) -> anyhow::Result<Pickup> {
             .strip_prefix("cojob_tick_pickup_seconds_bucket{le=\"")
             .and_then(|r| r.strip_suffix("\"}"))
         {
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().unwrap_or(f64::INFINITY)
-            };
-            h.buckets.push((le, value));
+            h.buckets.push((le.parse().unwrap_or(f64::INFINITY), value));
         }
     }
     ensure!(
         !h.buckets.is_empty(),
         "the controller at {metrics} has no cojob_tick_pickup_seconds (an older build?)"
     );
-    Ok(h)
+    Ok((requests, h))
 }
 
 /// API server requests dispatched so far, by who sent them: the cojob controller (its service
@@ -633,6 +616,43 @@ where
     Ok(())
 }
 
+/// The counters the costs are differences of, read at the start and at the end of a window.
+struct Costs {
+    controller_cpu: f64,
+    controller_rss: u64,
+    kcm_cpu: f64,
+    shared_cpu: f64,
+    machine_busy: f64,
+    machine_total: f64,
+    bucket_requests: f64,
+    pickup: Pickup,
+    controller_api: f64,
+    kcm_api: f64,
+}
+
+impl Costs {
+    async fn now(metrics: &str) -> anyhow::Result<Costs> {
+        let (controller_cpu, controller_rss) = process_cost(is_cojob_controller);
+        let (kcm_cpu, _) = process_cost(is_kube_controller_manager);
+        let (shared_cpu, _) = process_cost(is_shared_component);
+        let (machine_busy, machine_total) = machine_cpu();
+        let (bucket_requests, pickup) = controller_metrics(metrics).await?;
+        let (controller_api, kcm_api) = api_requests().await?;
+        Ok(Costs {
+            controller_cpu,
+            controller_rss,
+            kcm_cpu,
+            shared_cpu,
+            machine_busy,
+            machine_total,
+            bucket_requests,
+            pickup,
+            controller_api,
+            kcm_api,
+        })
+    }
+}
+
 /// One size to measure: N of each kind, where, and how often they tick.
 #[derive(Debug, Clone, Copy)]
 struct Size {
@@ -689,7 +709,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     println!(
         "bench: N = {n}: creating {n} CronJobs and {n} CoordinatedJobs on {cron:?} in {ns} ({nodes:?} nodes)"
     );
-    let spec = pod_spec(nodes);
+    let spec = pod_spec(nodes, &["true"]);
     for_each_parallel(n, |i| {
         let (cronjobs, cojobs, cron, spec) =
             (cronjobs.clone(), cojobs.clone(), cron.clone(), spec.clone());
@@ -736,13 +756,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         .to_std()
         .unwrap_or_default();
     tokio::time::sleep(counting).await;
-    let (cpu0, _) = process_cost(is_cojob_controller);
-    let (kcm0, _) = process_cost(is_kube_controller_manager);
-    let (shared0, _) = process_cost(is_shared_component);
-    let (busy0, total0) = machine_cpu();
-    let req0 = bucket_requests(&o.metrics).await?;
-    let pickup0 = tick_pickup(&o.metrics).await?;
-    let (api0, kcm_api0) = api_requests().await?;
+    let before = Costs::now(&o.metrics).await?;
     let last = ticks[ticks.len() - 1];
     // Until the last tick's pods have had 40 s to start.
     let wait = (last + chrono::Duration::seconds(40) - Utc::now())
@@ -753,13 +767,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         ticks[0], last, wait
     );
     tokio::time::sleep(wait).await;
-    let (cpu1, rss) = process_cost(is_cojob_controller);
-    let (kcm1, _) = process_cost(is_kube_controller_manager);
-    let (shared1, _) = process_cost(is_shared_component);
-    let (busy1, total1) = machine_cpu();
-    let req1 = bucket_requests(&o.metrics).await?;
-    let pickup1 = tick_pickup(&o.metrics).await?;
-    let (api1, kcm_api1) = api_requests().await?;
+    let after = Costs::now(&o.metrics).await?;
     // A tick decided late is late, not missed: wait (at most 2 minutes) until every object of
     // both kinds has decided the last tick, so the suspension below cannot turn a late
     // decision into a skipped tick.
@@ -918,15 +926,17 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     let co_figures = figures(&co, &co_owners, &ticks, &served, &co_decided, respawned);
     let cron_decided: BTreeSet<(String, DateTime<Utc>)> = scheduled.values().cloned().collect();
     let runs = co_figures.pods.max(1) as f64;
+    let per_tick = f64::from(ticks_n);
     Ok(SizeResult {
         n,
         ticks: ticks_n,
         every_minutes: every,
         nodes,
-        tick_pickup: pickup1.since(&pickup0),
-        shared_cpu_seconds_per_tick: (shared1 - shared0) / f64::from(ticks_n),
-        machine_busy: if total1 > total0 {
-            (busy1 - busy0) / (total1 - total0)
+        tick_pickup: after.pickup.since(&before.pickup),
+        shared_cpu_seconds_per_tick: (after.shared_cpu - before.shared_cpu) / per_tick,
+        machine_busy: if after.machine_total > before.machine_total {
+            (after.machine_busy - before.machine_busy)
+                / (after.machine_total - before.machine_total)
         } else {
             f64::NAN
         },
@@ -939,12 +949,12 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
             0,
         ),
         cojob: co_figures,
-        controller_cpu_seconds_per_tick: (cpu1 - cpu0) / f64::from(ticks_n),
-        controller_rss_bytes: rss,
-        kube_controller_manager_cpu_seconds_per_tick: (kcm1 - kcm0) / f64::from(ticks_n),
-        bucket_requests_per_run: (req1 - req0) / runs,
-        controller_api_requests_per_tick: (api1 - api0) / f64::from(ticks_n),
-        kube_controller_manager_api_requests_per_tick: (kcm_api1 - kcm_api0) / f64::from(ticks_n),
+        controller_cpu_seconds_per_tick: (after.controller_cpu - before.controller_cpu) / per_tick,
+        controller_rss_bytes: after.controller_rss,
+        kube_controller_manager_cpu_seconds_per_tick: (after.kcm_cpu - before.kcm_cpu) / per_tick,
+        bucket_requests_per_run: (after.bucket_requests - before.bucket_requests) / runs,
+        controller_api_requests_per_tick: (after.controller_api - before.controller_api) / per_tick,
+        kube_controller_manager_api_requests_per_tick: (after.kcm_api - before.kcm_api) / per_tick,
     })
 }
 

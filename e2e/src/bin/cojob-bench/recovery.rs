@@ -164,18 +164,7 @@ async fn measure_in(
             "metadata": {"name": name},
             "spec": {
                 "lease": {"ttlSeconds": ttl},
-                "template": {"spec": {
-                    "hostNetwork": true,
-                    "restartPolicy": "Never",
-                    "terminationGracePeriodSeconds": 1,
-                    "containers": [{
-                        "name": "main",
-                        "image": cojob_e2e::image("busybox"),
-                        "imagePullPolicy": "Never",
-                        "command": ["sleep", "20"],
-                        "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
-                    }]
-                }}
+                "template": {"spec": crate::pod_spec(crate::Nodes::Real, &["sleep", "20"])}
             }
         }))?;
         jobs.create(&PostParams::default(), &job).await?;
