@@ -8,6 +8,10 @@
 //! (after the watch expired) replaces the contents at once when it is complete, as
 //! kube-runtime's reflector does.
 //!
+//! The cache keeps only what reconcile reads of a pod ([`trim`]): at 10 000 jobs it holds tens
+//! of thousands of finished pods (each job's history), and a whole pod object (its spec, the
+//! sidecar's, conditions, images) is most of the controller's memory.
+//!
 //! A cache may lag the API server by the watch's latency. Reconcile relies on it only where a
 //! lag delays a step and never breaks a guarantee; the two decisions that need the truth read
 //! it fresh: whether the current attempt's pod is missing (a GET by name, in the sweeper) and
@@ -35,11 +39,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, ContainerStatus, EnvVar, Pod, PodSpec, PodStatus};
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
-use crate::pod::LABEL_JOB;
+use crate::pod::{LABEL_JOB, SIDECAR_NAME};
 
 /// A namespace and a job name.
 type JobKey = (String, String);
@@ -67,7 +71,7 @@ impl Contents {
         self.by_job
             .entry(job.clone())
             .or_default()
-            .insert(key.1.clone(), Arc::new(pod.clone()));
+            .insert(key.1.clone(), Arc::new(trim(pod)));
         self.job_of.insert(key, job);
     }
 
@@ -164,6 +168,79 @@ impl PodCache {
     }
 }
 
+/// The part of a pod that reconcile reads, which is all the cache keeps:
+///
+/// - its metadata, but managed fields (names, labels with the run and epoch, owner references,
+///   finalizers, deletion and creation times, resource version);
+/// - of its spec, the node it is bound to, its scheduling gates (the holder gate), and of the
+///   sidecar container its name and `COJOB_HOLDER` variable (which holder Secret it reads);
+/// - of its status, the phase and reason, and of each container status its name, exit state
+///   and the fields the API requires.
+///
+/// The decisions that need the whole truth (is the current pod missing, can an older pod still
+/// run) read the API server, not the cache.
+///
+/// ```
+/// use cojob_controller::pod_cache::trim;
+/// use k8s_openapi::api::core::v1::Pod;
+/// let pod: Pod = serde_json::from_value(serde_json::json!({
+///     "metadata": {"name": "r-1", "labels": {"cojob.dev/epoch": "1"}},
+///     "spec": {"nodeName": "n", "containers": [{"name": "main", "image": "busybox"}]},
+///     "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+/// })).unwrap();
+/// let kept = trim(&pod);
+/// assert_eq!(kept.metadata.labels, pod.metadata.labels);
+/// assert_eq!(kept.spec.as_ref().unwrap().node_name.as_deref(), Some("n"));
+/// assert!(kept.spec.as_ref().unwrap().containers.is_empty());
+/// assert_eq!(kept.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
+/// assert!(kept.status.as_ref().unwrap().conditions.is_none());
+/// ```
+pub fn trim(pod: &Pod) -> Pod {
+    let mut metadata = pod.metadata.clone();
+    metadata.managed_fields = None;
+    let spec = pod.spec.as_ref().map(|s| PodSpec {
+        node_name: s.node_name.clone(),
+        scheduling_gates: s.scheduling_gates.clone(),
+        init_containers: s.init_containers.as_ref().map(|all| {
+            all.iter()
+                .filter(|c| c.name == SIDECAR_NAME)
+                .map(|c| Container {
+                    name: c.name.clone(),
+                    env: c.env.as_ref().map(|env| {
+                        env.iter()
+                            .filter(|e| e.name == "COJOB_HOLDER")
+                            .cloned()
+                            .collect::<Vec<EnvVar>>()
+                    }),
+                    ..Container::default()
+                })
+                .collect()
+        }),
+        ..PodSpec::default()
+    });
+    let status = pod.status.as_ref().map(|s| PodStatus {
+        phase: s.phase.clone(),
+        reason: s.reason.clone(),
+        container_statuses: s.container_statuses.as_ref().map(|all| {
+            all.iter()
+                .map(|c| ContainerStatus {
+                    name: c.name.clone(),
+                    state: c.state.clone(),
+                    ready: c.ready,
+                    restart_count: c.restart_count,
+                    ..ContainerStatus::default()
+                })
+                .collect()
+        }),
+        ..PodStatus::default()
+    });
+    Pod {
+        metadata,
+        spec,
+        status,
+    }
+}
+
 fn job_key(pod: &Pod) -> Option<JobKey> {
     let job = pod.labels().get(LABEL_JOB)?;
     Some((pod.namespace().unwrap_or_default(), job.clone()))
@@ -197,6 +274,88 @@ mod tests {
             .collect();
         out.sort();
         out
+    }
+
+    /// A run pod as the API server returns it, ended with exit code 3.
+    fn full_pod(gated: bool, phase: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "nightly-abc-1", "namespace": "a", "uid": "u1", "resourceVersion": "42",
+                "creationTimestamp": "2026-12-03T18:00:00Z",
+                "labels": {LABEL_JOB: "nightly", "cojob.dev/run": "nightly-abc", "cojob.dev/epoch": "1"},
+                "finalizers": ["cojob.dev/run-result"],
+                "ownerReferences": [{"apiVersion": "cojob.dev/v1alpha1", "kind": "CoordinatedJob",
+                    "name": "nightly", "uid": "j1", "controller": true}],
+                "managedFields": [{"manager": "cojob", "operation": "Update"}]
+            },
+            "spec": {
+                "nodeName": "node-1",
+                "schedulingGates": if gated { serde_json::json!([{"name": crate::pod::HOLDER_GATE}]) } else { serde_json::json!([]) },
+                "initContainers": [{
+                    "name": SIDECAR_NAME, "image": "cojob", "restartPolicy": "Always",
+                    "env": [
+                        {"name": "COJOB_LEASE_KEY", "value": "k"},
+                        {"name": "COJOB_HOLDER", "valueFrom": {"secretKeyRef": {"name": "nightly-abc-1-holder", "key": "holder"}}}
+                    ]
+                }],
+                "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", "exit 3"],
+                    "env": [{"name": "COJOB_RUN_ID", "value": "nightly-abc"}]}]
+            },
+            "status": {
+                "phase": phase, "reason": "Evicted",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "initContainerStatuses": [{"name": SIDECAR_NAME, "image": "cojob", "imageID": "x",
+                    "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}],
+                "containerStatuses": [{"name": "main", "image": "busybox", "imageID": "y",
+                    "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 3}}}]
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_trimmed_pod_gives_reconcile_the_same_answers() {
+        use crate::sweeper::pods::{is_live, pod_view};
+        for gated in [true, false] {
+            for phase in ["Pending", "Running", "Succeeded", "Failed"] {
+                let full = full_pod(gated, phase);
+                let kept = trim(&full);
+                assert_eq!(pod_view(Some(&kept)), pod_view(Some(&full)), "{phase}");
+                assert_eq!(is_live(&kept), is_live(&full));
+                assert_eq!(crate::pod::is_gated(&kept), crate::pod::is_gated(&full));
+                assert_eq!(crate::pod::is_gated(&kept), gated);
+                assert_eq!(
+                    crate::pod::holder_secret_of(&kept),
+                    crate::pod::holder_secret_of(&full)
+                );
+                assert!(crate::pod::holder_secret_of(&kept).is_some());
+                assert_eq!(kept.metadata.labels, full.metadata.labels);
+                assert_eq!(kept.metadata.finalizers, full.metadata.finalizers);
+                assert_eq!(
+                    kept.metadata.owner_references,
+                    full.metadata.owner_references
+                );
+                assert_eq!(kept.resource_version(), full.resource_version());
+                assert_eq!(kept.uid(), full.uid());
+                assert!(kept.metadata.managed_fields.is_none());
+                // What it is for: the workload's containers, the sidecar's other settings,
+                // conditions and init container statuses are gone.
+                let spec = kept.spec.as_ref().unwrap();
+                assert!(spec.containers.is_empty());
+                let sidecar = &spec.init_containers.as_ref().unwrap()[0];
+                assert_eq!(sidecar.env.as_ref().unwrap().len(), 1);
+                assert!(sidecar.image.is_none() && sidecar.restart_policy.is_none());
+                let status = kept.status.as_ref().unwrap();
+                assert!(status.conditions.is_none() && status.init_container_statuses.is_none());
+            }
+        }
+        // The cache hands out the trimmed copy.
+        let cache = PodCache::default();
+        cache.apply(&Event::Init);
+        cache.apply(&Event::InitApply(full_pod(false, "Running")));
+        cache.apply(&Event::InitDone);
+        let served = cache.job_pods("a", "nightly").unwrap();
+        assert!(served[0].spec.as_ref().unwrap().containers.is_empty());
     }
 
     #[test]

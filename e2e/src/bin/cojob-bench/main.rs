@@ -3,7 +3,8 @@
 //! ```text
 //! cojob-bench [--n 10,100] [--ticks 3] [--every 1] [--kwok 1000,10000] [--kwok-every 5]
 //!             [--kwok-ticks 5] [--recovery K] [--recovery-ttl 12,30]
-//!             [--metrics 127.0.0.1:18080] [--json OUT] [--check] [--docs FILE --command LINE]
+//!             [--metrics 127.0.0.1:18080] [--json OUT] [--merge EARLIER.json] [--check]
+//!             [--docs FILE --command LINE]
 //! ```
 //!
 //! For each size N: a fresh namespace with N CronJobs and N CoordinatedJobs on the same
@@ -29,7 +30,9 @@
 //! controller from the API server's own `/metrics` (dispatched requests by flow schema).
 //! `--recovery K` then times K recoveries after a pod is deleted, at each ttl of
 //! `--recovery-ttl` (module `recovery`). `--json` writes the figures, `--docs` the tables and
-//! the plots (module `plots`); `--check` fails on any duplicate or miss (CI's small run).
+//! the plots (module `plots`); `--merge` adds the sizes of an earlier `--json` report that
+//! this run did not measure (each size's table row says when it was measured); `--check`
+//! fails on any duplicate or miss (CI's small run).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -64,6 +67,8 @@ struct Options {
     recovery_ttls: Vec<i64>,
     metrics: String,
     json: Option<String>,
+    /// An earlier `--json` report whose other sizes join this run's tables.
+    merge: Option<String>,
     check: bool,
     docs: Option<String>,
     command: String,
@@ -81,6 +86,7 @@ fn options() -> anyhow::Result<Options> {
         recovery_ttls: vec![12, 30],
         metrics: "127.0.0.1:18080".into(),
         json: None,
+        merge: None,
         check: false,
         docs: None,
         command: "cojob-bench".into(),
@@ -118,12 +124,13 @@ fn options() -> anyhow::Result<Options> {
             "--every" => o.every = value()?.parse().context("--every takes minutes")?,
             "--metrics" => o.metrics = value()?,
             "--json" => o.json = Some(value()?),
+            "--merge" => o.merge = Some(value()?),
             "--check" => o.check = true,
             "--docs" => o.docs = Some(value()?),
             "--command" => o.command = value()?,
             "-h" | "--help" => {
                 println!(
-                    "cojob-bench [--n 10,100] [--ticks 3] [--every MINUTES] [--kwok 1000,10000] [--kwok-every 5] [--kwok-ticks 5] [--recovery K] [--recovery-ttl 12,30] [--metrics HOST:PORT] [--json OUT] [--check] [--docs FILE --command LINE]"
+                    "cojob-bench [--n 10,100] [--ticks 3] [--every MINUTES] [--kwok 1000,10000] [--kwok-every 5] [--kwok-ticks 5] [--recovery K] [--recovery-ttl 12,30] [--metrics HOST:PORT] [--json OUT] [--merge EARLIER.json] [--check] [--docs FILE --command LINE]"
                 );
                 std::process::exit(0);
             }
@@ -156,7 +163,7 @@ fn options() -> anyhow::Result<Options> {
 }
 
 /// Where the benchmark's pods run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum Nodes {
     /// The cluster's one real kubelet: start lag is real.
@@ -206,7 +213,7 @@ struct Sample {
 }
 
 /// The figures of one kind at one size.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Figures {
     pods: usize,
     dispatch: Stats,
@@ -220,11 +227,19 @@ struct Figures {
     respawned: usize,
 }
 
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Stats {
+    #[serde(deserialize_with = "nan_if_null")]
     p50: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     p99: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     max: f64,
+}
+
+/// JSON has no NaN or infinity (serde_json writes `null`): read `null` back as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(<Option<f64> as serde::Deserialize>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 fn stats(mut v: Vec<f64>) -> Stats {
@@ -275,13 +290,33 @@ fn figures(
     }
     let misses = missed.len();
     let in_window: Vec<&Sample> = samples.iter().filter(|s| ticks.contains(&s.tick)).collect();
+    // Lags are the tick's: its first pod created, its first workload started. A later pod
+    // (a cojob attempt after a takeover) is counted in `respawned`, not as a late dispatch.
+    /// A tick's first pod created, and its first workload started.
+    type Firsts = (DateTime<Utc>, Option<DateTime<Utc>>);
+    let mut first: BTreeMap<(&str, DateTime<Utc>), Firsts> = BTreeMap::new();
+    for s in &in_window {
+        let e = first
+            .entry((s.owner.as_str(), s.tick))
+            .or_insert((s.created, s.started));
+        e.0 = e.0.min(s.created);
+        e.1 = match (e.1, s.started) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
     Figures {
         pods: in_window.len(),
-        dispatch: stats(in_window.iter().map(|s| secs(s.created, s.tick)).collect()),
-        start: stats(
-            in_window
+        dispatch: stats(
+            first
                 .iter()
-                .filter_map(|s| s.started.map(|st| secs(st, s.tick)))
+                .map(|((_, tick), (created, _))| secs(*created, *tick))
+                .collect(),
+        ),
+        start: stats(
+            first
+                .iter()
+                .filter_map(|((_, tick), (_, started))| started.map(|st| secs(st, *tick)))
                 .collect(),
         ),
         duplicates,
@@ -406,13 +441,16 @@ fn machine_cpu() -> (f64, f64) {
 }
 
 /// A histogram of the controller's, as scraped: cumulative bucket counts by upper bound.
-#[derive(Debug, Default, Clone, serde::Serialize)]
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 struct Pickup {
     /// Observations.
     count: f64,
     /// Their mean, in seconds.
+    #[serde(deserialize_with = "nan_if_null")]
     mean: f64,
-    /// The upper bound of the bucket holding the 99th percentile, in seconds.
+    /// The upper bound of the bucket holding the 99th percentile, in seconds (infinite: beyond
+    /// the last bucket, read back from JSON as NaN).
+    #[serde(deserialize_with = "nan_if_null")]
     p99_at_most: f64,
     #[serde(skip)]
     sum: f64,
@@ -540,8 +578,11 @@ fn schedule(every: u32) -> String {
     }
 }
 
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, serde::Deserialize)]
 struct SizeResult {
+    /// When it was measured (UTC, to the minute).
+    #[serde(default)]
+    measured: String,
     n: usize,
     ticks: u32,
     every_minutes: u32,
@@ -557,6 +598,7 @@ struct SizeResult {
     /// CPU seconds per tick of what both kinds share: API server, etcd, scheduler, kwok.
     shared_cpu_seconds_per_tick: f64,
     /// The machine's CPU busy over the window, 0 to 1 (all cores).
+    #[serde(deserialize_with = "nan_if_null")]
     machine_busy: f64,
     /// Seconds from a tick to the start of the controller's pass that decided it (the wait in
     /// its work queue, plus the requeue's own timer), from `cojob_tick_pickup_seconds`.
@@ -928,6 +970,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     let runs = co_figures.pods.max(1) as f64;
     let per_tick = f64::from(ticks_n);
     Ok(SizeResult {
+        measured: Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
         n,
         ticks: ticks_n,
         every_minutes: every,
@@ -998,7 +1041,17 @@ fn ratio(a: f64, b: f64) -> String {
 
 /// The figures as two Markdown tables.
 fn tables(results: &[SizeResult]) -> String {
-    let mut t = String::from(
+    let mut t = String::new();
+    let times: BTreeSet<&str> = results.iter().map(|r| r.measured.as_str()).collect();
+    if times.len() > 1 {
+        // Merged from more than one run: say which size is from when.
+        let when: Vec<String> = results
+            .iter()
+            .map(|r| format!("N = {} ({:?}): {}", r.n, r.nodes, r.measured))
+            .collect();
+        t.push_str(&format!("Measured at: {}.\n\n", when.join("; ")));
+    }
+    t.push_str(
         "| N | nodes | ticks (every) | kind | pods | dispatch lag p50 / p99 / max (s) | start lag p50 / p99 / max (s) | duplicates | misses | pod not created by the end | respawned runs |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
@@ -1080,6 +1133,41 @@ fn write_docs(path: &str, command: &str, tables: &str) -> anyhow::Result<()> {
     std::fs::write(path, new).with_context(|| format!("writing {path}"))
 }
 
+/// What `--json` writes, and `--merge` reads back.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Report {
+    sizes: Vec<SizeResult>,
+    #[serde(default)]
+    recovery: Vec<recovery::Recovery>,
+}
+
+/// Adds to `results` the sizes of an earlier report that this run did not measure (the same
+/// N on the same kind of node), and its recoveries if this run measured none; real nodes
+/// first, then by N.
+fn merge(
+    path: &str,
+    results: &mut Vec<SizeResult>,
+    recoveries: &mut Vec<recovery::Recovery>,
+) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    let earlier: Report = serde_json::from_str(&text)
+        .with_context(|| format!("{path} is not a cojob-bench report"))?;
+    for old in earlier.sizes {
+        if !results.iter().any(|r| r.n == old.n && r.nodes == old.nodes) {
+            println!(
+                "bench: keeping N = {} ({:?} nodes, measured {}) from {path}",
+                old.n, old.nodes, old.measured
+            );
+            results.push(old);
+        }
+    }
+    results.sort_by_key(|r| (r.nodes == Nodes::Kwok, r.n));
+    if recoveries.is_empty() {
+        *recoveries = earlier.recovery;
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let o = options()?;
@@ -1108,6 +1196,9 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    if let Some(path) = &o.merge {
+        merge(path, &mut results, &mut recoveries)?;
+    }
     let mut tables = tables(&results);
     if !recoveries.is_empty() {
         tables.push('\n');
@@ -1134,8 +1225,9 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     if let Some(path) = &o.json {
-        let all = json!({"sizes": results, "recovery": recoveries});
-        std::fs::write(path, serde_json::to_string_pretty(&all)?)
+        // The shape of `Report`, which `--merge` reads back.
+        let report = json!({"sizes": &results, "recovery": &recoveries});
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {path}"))?;
     }
     if o.check {
@@ -1236,7 +1328,48 @@ mod tests {
         assert_eq!(f.misses, 1);
         assert_eq!(f.unspawned, 1);
         assert_eq!(f.respawned, 1);
-        assert_eq!(f.dispatch.max, 3.0);
+        // b's duplicate (created 3 s after the tick) is not its tick's lag: its first pod's is.
+        assert_eq!(f.dispatch.max, 2.0);
         assert!(f.start.p50.is_nan(), "no pod started");
+    }
+
+    #[test]
+    fn a_report_merges_back_with_its_nan_figures() {
+        let stats = json!({"p50": 1.0, "p99": null, "max": null});
+        let figures = json!({"pods": 0, "dispatch": stats, "start": stats, "duplicates": 0,
+            "misses": 0, "unspawned": 0, "respawned": 0});
+        let size = |n: usize, nodes: &str| {
+            json!({"measured": "2026-12-03 18:35 UTC", "n": n, "ticks": 3, "every_minutes": 5,
+                "nodes": nodes, "cronjob": figures, "cojob": figures,
+                "controller_cpu_seconds_per_tick": 1.0, "controller_rss_bytes": 1,
+                "kube_controller_manager_cpu_seconds_per_tick": 1.0, "bucket_requests_per_run": 9.0,
+                "controller_api_requests_per_tick": 1.0,
+                "kube_controller_manager_api_requests_per_tick": 1.0,
+                "shared_cpu_seconds_per_tick": 1.0, "machine_busy": null,
+                "tick_pickup": {"count": 0.0, "mean": null, "p99_at_most": null}})
+        };
+        let report = json!({"sizes": [size(1000, "kwok"), size(10, "real")], "recovery": []});
+        let path =
+            std::env::temp_dir().join(format!("cojob-bench-merge-{}.json", std::process::id()));
+        std::fs::write(&path, report.to_string()).unwrap();
+        // This run measured N = 10 on the real node again: the report's N = 1 000 joins it.
+        let mut results: Vec<SizeResult> = vec![serde_json::from_value(size(10, "real")).unwrap()];
+        results[0].measured = "now".into();
+        let mut recoveries = Vec::new();
+        merge(path.to_str().unwrap(), &mut results, &mut recoveries).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let kept: Vec<(usize, Nodes, &str)> = results
+            .iter()
+            .map(|r| (r.n, r.nodes, r.measured.as_str()))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                (10, Nodes::Real, "now"),
+                (1000, Nodes::Kwok, "2026-12-03 18:35 UTC")
+            ]
+        );
+        assert!(results[1].cojob.dispatch.p99.is_nan() && results[1].machine_busy.is_nan());
+        assert!(tables(&results).starts_with("Measured at: N = 10 (Real): now; N = 1000 (Kwok)"));
     }
 }

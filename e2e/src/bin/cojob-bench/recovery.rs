@@ -31,7 +31,7 @@ const SWEEP_INTERVAL_S: f64 = 10.0;
 const SKEW_ALLOWANCE_S: f64 = 5.0;
 
 /// How the running attempt is lost.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Fault {
     /// Its pod is deleted: the sidecar releases the lease on its way out.
@@ -41,7 +41,7 @@ pub enum Fault {
 }
 
 /// The recovery times measured at one ttl for one fault.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Recovery {
     /// What was done to the running attempt.
     pub fault: Fault,
