@@ -157,6 +157,18 @@ impl<'a> JobScope<'a> {
         Duration::from_secs(self.job.spec.lease.ttl_seconds.max(1).unsigned_abs())
     }
 
+    /// How long the lease of an attempt that has not started holds: the longer of the ttl and
+    /// the start timeout. Nothing runs under it (the workload starts only once its sidecar
+    /// attached, and attaching renews with [`ttl`](Self::ttl)), and a pod that never starts
+    /// fails its attempt at the start timeout anyway; so a controller whose passes come late
+    /// (a queue behind thousands of ticks, an overloaded API server) does not lose pending
+    /// attempts to takeovers that only cost a new pod. The controller writes it when it
+    /// acquires an epoch and when it renews a pending attempt.
+    pub fn pending_ttl(&self) -> Duration {
+        let start = Duration::from_secs(self.job.spec.start_timeout_seconds.max(1).unsigned_abs());
+        self.ttl().max(start)
+    }
+
     /// The timing rules of this job's runs at the store clock's `now`.
     pub fn timing(&self) -> crate::run::Timing {
         crate::run::Timing {

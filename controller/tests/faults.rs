@@ -152,18 +152,31 @@ async fn a_success_of_a_taken_over_attempt_ends_the_run() {
     h.cleanup().await;
 }
 
-/// A controller outage while the only attempt's pod waited to start: taking the lease over
-/// costs no attempt, since nothing ran.
+/// A controller outage while the only attempt's pod waited to start. Longer than the ttl: the
+/// pending lease (held for the start timeout) is still valid, nothing moves. Longer than that,
+/// with the pod removed meanwhile: taking the lease over costs no attempt, since nothing ran.
 #[tokio::test]
 async fn losing_an_attempt_that_never_started_costs_no_attempt() {
     let h = Harness::new("it-unstarted").await;
     h.create_job(
         "once",
-        json!({"maxAttempts": 1, "lease": {"ttlSeconds": 30}}),
+        json!({"maxAttempts": 1, "startTimeoutSeconds": 120, "lease": {"ttlSeconds": 30}}),
     )
     .await;
     h.settle("once", 1).await;
     h.advance(Duration::from_secs(40)); // no controller renewed the pending pod's lease
+    h.settle("once", 1).await;
+    let lease = h.lease("once", "once-once").await.unwrap();
+    assert_eq!(
+        (lease.epoch, state(&lease).attempt),
+        (1, 1),
+        "an outage longer than the ttl takes nothing over"
+    );
+    assert!(h.pod_exists("once-once-1").await);
+    // The pass at 40 s renewed it until 160 s. The pod goes, and no controller runs until
+    // 170 s: past the deadline and the allowance.
+    h.delete_pod_now("once-once-1").await;
+    h.advance(Duration::from_secs(130));
     h.settle("once", 2).await;
     let lease = h.lease("once", "once-once").await.unwrap();
     let st = state(&lease);

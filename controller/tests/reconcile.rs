@@ -230,6 +230,45 @@ async fn a_pod_pending_longer_than_the_ttl_keeps_its_lease() {
     h.cleanup().await;
 }
 
+/// Passes may come late (a queue behind thousands of ticks, an overloaded API server): a
+/// pending attempt's lease holds for the start timeout, not the ttl, so a pass that comes
+/// after several ttls finds its attempt still pending instead of taking it over.
+#[tokio::test]
+async fn a_pass_later_than_the_ttl_does_not_take_a_pending_attempt_over() {
+    let h = Harness::new("it-late-pass").await;
+    h.create_job(
+        "late",
+        json!({"maxAttempts": 3, "lease": {"ttlSeconds": 20}, "startTimeoutSeconds": 300}),
+    )
+    .await;
+    h.settle("late", 1).await;
+    let lease = h.lease("late", "late-once").await.unwrap();
+    assert!(
+        lease.deadline >= h.now() + chrono::Duration::seconds(290),
+        "acquired for the start timeout: {lease:?}"
+    );
+    // No pass for 4 ttls plus the allowance, then one.
+    h.advance(Duration::from_secs(85));
+    h.settle("late", 1).await;
+    let lease = h.lease("late", "late-once").await.unwrap();
+    assert_eq!(
+        (lease.epoch, state(&lease).attempt),
+        (1, 1),
+        "no takeover of an attempt that never started"
+    );
+    assert_eq!(h.live_pod_names("late").await, ["late-once-1"]);
+    // Once its sidecar attached, the ttl applies again: the sidecar's renewal wrote it.
+    h.start_pod("late-once-1").await;
+    h.sidecar_started("late", "late-once").await;
+    let lease = h.lease("late", "late-once").await.unwrap();
+    assert!(
+        lease.deadline <= h.now() + chrono::Duration::seconds(21),
+        "the sidecar's ttl: {lease:?}"
+    );
+    // Never started past the start timeout: the attempt fails, not a takeover.
+    h.cleanup().await;
+}
+
 #[tokio::test]
 async fn ticks_get_one_decision_each_with_catch_up_forbid_and_suspend() {
     let h = Harness::new("it-ticks").await;

@@ -276,8 +276,12 @@ impl Default for Rules {
 pub struct Bounds {
     /// Controller replicas, 1 or 2.
     pub controllers: u8,
-    /// The lease's time to live `T`: every acquisition and renewal writes `local_now + T`.
+    /// The lease's time to live `T`: every renewal by a sidecar (its attach included) writes
+    /// `local_now + T`.
     pub ttl: Time,
+    /// The pending ttl `P >= T` (the controller's `max(ttl, start timeout)`): an acquisition and
+    /// a controller's renewal of a never-started attempt write `local_now + P`.
+    pub pending_ttl: Time,
     /// The skew allowance `A`: a controller steals only when `local_now >= deadline + A`.
     pub allowance: Time,
     /// The skew bound `S`: every process's clock reads `t + skew`, `skew` in `[-S, S]`.
@@ -300,6 +304,7 @@ impl Bounds {
         Bounds {
             controllers: 2,
             ttl: 2,
+            pending_ttl: 3,
             allowance: 1,
             skew: 1,
             max_attempts: 2,
@@ -314,6 +319,7 @@ impl Bounds {
         Bounds {
             controllers: 1,
             ttl: 2,
+            pending_ttl: 3,
             allowance: 1,
             skew: 0,
             max_attempts: 2,
@@ -329,6 +335,7 @@ impl Bounds {
         Bounds {
             controllers: 2,
             ttl: 2,
+            pending_ttl: 3,
             allowance: 1,
             skew: 1,
             max_attempts: 3,
@@ -343,9 +350,10 @@ impl fmt::Display for Bounds {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "controllers={} ttl={} allowance={} skew={} attempts={} time=0..={} epochs={} cancel={}",
+            "controllers={} ttl={} pending_ttl={} allowance={} skew={} attempts={} time=0..={} epochs={} cancel={}",
             self.controllers,
             self.ttl,
+            self.pending_ttl,
             self.allowance,
             self.skew,
             self.max_attempts,
@@ -1067,7 +1075,7 @@ impl RunModel {
                 n.lease = Some(Lease {
                     epoch,
                     holder: Some(epoch),
-                    deadline: self.local(s, controller) + self.bounds.ttl,
+                    deadline: self.local(s, controller) + self.bounds.pending_ttl,
                     state: self.acquire(prev.as_ref().map(|l| &l.state)),
                 });
             }
@@ -1101,7 +1109,7 @@ impl RunModel {
                 if !self.may_keep_alive(s) {
                     return None;
                 }
-                let deadline = self.local(s, controller) + self.bounds.ttl;
+                let deadline = self.local(s, controller) + self.bounds.pending_ttl;
                 let l = n.lease.as_mut()?;
                 if l.deadline == deadline {
                     return None;

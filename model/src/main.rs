@@ -1,7 +1,7 @@
 //! Runs the model check of cojob's run protocol, by default with larger bounds than CI's.
 //!
 //! ```text
-//! cargo run -p cojob-model --release -- [--preset release|ci|tiny] [--time N] [--ttl N]
+//! cargo run -p cojob-model --release -- [--preset release|ci|tiny] [--time N] [--ttl N] [--pending-ttl N]
 //!     [--allowance N] [--skew N] [--attempts N] [--epochs N] [--controllers 1|2]
 //!     [--cancel | --no-cancel] [--threads N] [--rules NAME] [--base new|proposed]
 //!     [--first-counterexample] [--traces]
@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use cojob_model::{Bounds, Report, Rules, RunModel, check, refute};
 
-const USAGE: &str = "usage: cojob-model [--preset release|ci|tiny] [--time N] [--ttl N] \
+const USAGE: &str = "usage: cojob-model [--preset release|ci|tiny] [--time N] [--ttl N] [--pending-ttl N] \
 [--allowance N] [--skew N] [--attempts N] [--epochs N] [--controllers 1|2] [--cancel|--no-cancel] \
 [--threads N] [--rules NAME] [--base new|proposed] [--first-counterexample] [--traces]";
 
@@ -72,6 +72,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             }
             "--time" => b.max_time = small(number(value()?)?)?,
             "--ttl" => b.ttl = small(number(value()?)?)?,
+            "--pending-ttl" => b.pending_ttl = small(number(value()?)?)?,
             "--allowance" => b.allowance = small(number(value()?)?)?,
             "--skew" => b.skew = small(number(value()?)?)?,
             "--attempts" => b.max_attempts = tiny(number(value()?)?)?,
@@ -109,6 +110,12 @@ fn parse(args: &[String]) -> Result<Options, String> {
     }
     if let Some(name) = &options.variant {
         options.rules = options.base.variant(name).unwrap_or(options.base);
+    }
+    if options.bounds.pending_ttl < options.bounds.ttl {
+        return Err(format!(
+            "--pending-ttl {} is shorter than --ttl {}: the controller's is max(ttl, start timeout)",
+            options.bounds.pending_ttl, options.bounds.ttl
+        ));
     }
     Ok(options)
 }

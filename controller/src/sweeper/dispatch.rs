@@ -36,7 +36,8 @@ pub async fn dispatch(
         max_attempts: scope.max_attempts(),
         now: now_str(scope),
     };
-    let opts = LeaseOptions::new(holder.clone(), scope.ttl())
+    // Nothing has started under the new epoch: it holds for the pending ttl.
+    let opts = LeaseOptions::new(holder.clone(), scope.pending_ttl())
         .state_fn(move |p| run::acquire(p, &acquire).map_err(Into::into));
     let mut acquired_here = true;
     let mut lease = match db.lease_from(&key, opts, prev).await {
@@ -49,7 +50,7 @@ pub async fn dispatch(
         Err(StoreError::Aborted { source, .. }) => match source.downcast_ref::<Refusal>() {
             Some(Refusal::AlreadyDispatched) => {
                 acquired_here = false;
-                match db.attach_lease(&key, &holder, scope.ttl()).await? {
+                match db.attach_lease(&key, &holder, scope.pending_ttl()).await? {
                     Some(lease) => lease,
                     None => {
                         let now = db.inspect_lease(&key).await?;

@@ -285,8 +285,9 @@ async fn steal(
 /// Renews the lease of an attempt whose workload has not started: its pod is pending
 /// (unscheduled, pulling its image), or not created yet because an older pod is still
 /// stopping. Its sidecar cannot renew before it runs, and a slow start is not a lost run; the
-/// start timeout bounds it. The renewal is due when a third of the ttl has passed, so it costs
-/// one write every ttl/3 per pending run.
+/// start timeout bounds it. The lease holds for the pending ttl (the longer of the ttl and the
+/// start timeout), and the renewal is due when a third of it has passed, so it costs one write
+/// every pending ttl/3 per pending run, and a pass may come that late without a takeover.
 async fn keep_pending_alive(
     scope: &JobScope<'_>,
     run: &ActiveRun,
@@ -307,7 +308,7 @@ async fn keep_pending_alive(
         // A crash may have come between creating the pod and its Secret or ungating it.
         holder::hand_to(scope, &run.run_id, lease.epoch, pod).await?;
     }
-    let ttl = scope.ttl();
+    let ttl = scope.pending_ttl();
     let left = (lease.deadline - scope.cx.db.clock().now())
         .to_std()
         .unwrap_or_default();

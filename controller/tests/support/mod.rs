@@ -469,10 +469,29 @@ impl Harness {
 
     /// Plays the sidecar: records in the run's lease that the attempt's workload started.
     pub async fn sidecar_started(&self, name: &str, run_id: &str) {
+        // As the sidecar does: attach with the epoch's holder and renew (the deadline becomes
+        // its ttl from now), then record the start.
         let key = self.keys(name).await.lease(run_id);
+        let epoch = self.lease(name, run_id).await.expect("a lease").epoch;
+        let holder = self.derived_holder(name, run_id, epoch).await;
+        let ttl = self
+            .job(name)
+            .await
+            .spec
+            .lease
+            .ttl_seconds
+            .max(1)
+            .unsigned_abs();
+        let mut lease = self
+            .db
+            .attach_lease(&key, &holder, Duration::from_secs(ttl))
+            .await
+            .expect("attach")
+            .expect("the epoch's lease, held and not expired");
+        lease.renew().await.expect("renew");
         let now = cojob::json::format_time(self.now());
-        self.db
-            .cooperative_write(&key, |s| {
+        lease
+            .update_state(|s| {
                 cojob::lease::merge(s, json!({"status": "running", "started_at": now}))
             })
             .await
