@@ -13,6 +13,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use std::collections::BTreeMap;
 
+/// The sidecar's environment variable that carries its holder, from the holder Secret.
+pub const HOLDER_ENV: &str = "COJOB_HOLDER";
+
 /// The scheduling gate that holds a run pod until its holder Secret exists.
 pub const HOLDER_GATE: &str = "cojob.dev/holder-secret";
 
@@ -109,7 +112,7 @@ pub fn holder_secret_of(pod: &Pod) -> Option<String> {
         .env
         .as_ref()?
         .iter()
-        .find(|e| e.name == "COJOB_HOLDER")?
+        .find(|e| e.name == HOLDER_ENV)?
         .value_from
         .as_ref()?
         .secret_key_ref
@@ -201,7 +204,7 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
         });
     }
     env_vars.push(EnvVar {
-        name: "COJOB_HOLDER".into(),
+        name: HOLDER_ENV.into(),
         value_from: Some(EnvVarSource {
             secret_key_ref: Some(SecretKeySelector {
                 name: run.secret_name(),

@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, EnvVar, Pod, PodSpe
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
-use crate::pod::{LABEL_JOB, SIDECAR_NAME};
+use crate::pod::{HOLDER_ENV, LABEL_JOB, SIDECAR_NAME};
 
 /// A namespace and a job name.
 type JobKey = (String, String);
@@ -208,7 +208,7 @@ pub fn trim(pod: &Pod) -> Pod {
                     name: c.name.clone(),
                     env: c.env.as_ref().map(|env| {
                         env.iter()
-                            .filter(|e| e.name == "COJOB_HOLDER")
+                            .filter(|e| e.name == HOLDER_ENV)
                             .cloned()
                             .collect::<Vec<EnvVar>>()
                     }),

@@ -701,14 +701,12 @@ pub async fn run(
     }
     cx.metrics.set_ready(true);
     // Each pod event is filed in the cache before it triggers its job's reconcile, so that
-    // pass sees it. Managed fields are dropped: nothing reads them, and they are a large part
-    // of a pod object.
+    // pass sees it. The cache keeps only what reconcile reads of a pod (`pod_cache::trim`).
     cx.pod_cache.reset();
     let cache = cx.pod_cache.clone();
     let pod_events = watcher(pods, watcher::Config::default().labels(LABEL_JOB))
         .default_backoff()
         .map_ok(move |event| {
-            let event = event.modify(|pod| pod.managed_fields_mut().clear());
             cache.apply(&event);
             event
         })
