@@ -311,6 +311,33 @@ impl Lease {
             .await
     }
 
+    /// Heartbeat and state change in one write: extends the deadline to now + ttl and stores
+    /// `f` of the freshest state (cooperative writes included; `f` may run more than once).
+    /// `f` may refuse, and then nothing is written ([`Error::Aborted`]). A holder that attaches
+    /// and records that it started this way proves the lease is its own, and says so, with
+    /// one request.
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use serde_json::json;
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// let mut lease = db.lease("l", LeaseOptions::new("w1", Duration::from_secs(30))).await?.unwrap();
+    /// let before = lease.deadline();
+    /// lease.renew_with(|s| Ok(cojob::lease::merge(s, json!({"status": "running"})))).await?;
+    /// assert!(lease.deadline() >= before);
+    /// assert_eq!(db.inspect_lease("l").await?.unwrap().state["status"], "running");
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub async fn renew_with<F>(&mut self, f: F) -> Result<()>
+    where
+        F: FnMut(&Value) -> Result<Value, BoxError>,
+    {
+        self.guarded(true, Some(holder_digest(&self.holder)), f)
+            .await
+    }
+
     /// Guarded read-modify-write of the state. `f` sees the freshest state, cooperative writes
     /// included, and may run more than once.
     pub async fn update_state<F>(&mut self, mut f: F) -> Result<()>

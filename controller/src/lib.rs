@@ -15,6 +15,7 @@ pub mod cli;
 pub mod context;
 pub mod crd;
 pub mod credentials;
+pub mod cues;
 pub mod fence;
 pub mod index;
 pub mod layout;

@@ -59,36 +59,38 @@ struct Contents {
 }
 
 impl Contents {
-    fn insert(&mut self, pod: &Pod) {
+    /// Files `pod` (trimmed) and returns the copy it replaces, if any.
+    fn insert(&mut self, pod: &Pod) -> Option<Arc<Pod>> {
         let Some(job) = job_key(pod) else {
-            self.remove(pod); // a pod that lost its label is no longer a run pod
-            return;
+            return self.remove(pod); // a pod that lost its label is no longer a run pod
         };
         let key = pod_key(pod);
+        let mut before = None;
         if let Some(old) = self.job_of.get(&key).filter(|old| **old != job).cloned() {
-            self.forget(&old, &key.1);
+            before = self.forget(&old, &key.1);
         }
-        self.by_job
+        let replaced = self
+            .by_job
             .entry(job.clone())
             .or_default()
             .insert(key.1.clone(), Arc::new(trim(pod)));
         self.job_of.insert(key, job);
+        replaced.or(before)
     }
 
-    fn remove(&mut self, pod: &Pod) {
+    fn remove(&mut self, pod: &Pod) -> Option<Arc<Pod>> {
         let key = pod_key(pod);
-        if let Some(job) = self.job_of.remove(&key) {
-            self.forget(&job, &key.1);
-        }
+        let job = self.job_of.remove(&key)?;
+        self.forget(&job, &key.1)
     }
 
-    fn forget(&mut self, job: &JobKey, pod: &str) {
-        if let Some(pods) = self.by_job.get_mut(job) {
-            pods.remove(pod);
-            if pods.is_empty() {
-                self.by_job.remove(job);
-            }
+    fn forget(&mut self, job: &JobKey, pod: &str) -> Option<Arc<Pod>> {
+        let pods = self.by_job.get_mut(job)?;
+        let removed = pods.remove(pod);
+        if pods.is_empty() {
+            self.by_job.remove(job);
         }
+        removed
     }
 }
 
@@ -109,24 +111,40 @@ pub struct PodCache {
 }
 
 impl PodCache {
-    /// Applies one watcher event.
-    pub fn apply(&self, event: &Event<Pod>) {
+    /// Applies one watcher event, and says whether it is a cue for its job's reconcile
+    /// ([`crate::cues::pod_wakes`], [`crate::cues::deletion_wakes`]): a change of what
+    /// reconcile acts on, or a pod of a listing (after a watch starts again, every job looks
+    /// afresh).
+    pub fn apply(&self, event: &Event<Pod>) -> bool {
         let Ok(mut state) = self.state.write() else {
-            return; // poisoned: a panic elsewhere; reconcile falls back to listing
+            return true; // poisoned: a panic elsewhere; reconcile falls back to listing
         };
         match event {
-            Event::Apply(pod) => state.live.insert(pod),
-            Event::Delete(pod) => state.live.remove(pod),
-            Event::Init => state.relist = Some(Contents::default()),
-            Event::InitApply(pod) => state
-                .relist
-                .get_or_insert_with(Contents::default)
-                .insert(pod),
+            Event::Apply(pod) => {
+                let before = state.live.insert(pod);
+                crate::cues::pod_wakes(before.as_deref(), pod)
+            }
+            Event::Delete(pod) => {
+                let before = state.live.remove(pod);
+                crate::cues::deletion_wakes(before.as_deref())
+            }
+            Event::Init => {
+                state.relist = Some(Contents::default());
+                false
+            }
+            Event::InitApply(pod) => {
+                state
+                    .relist
+                    .get_or_insert_with(Contents::default)
+                    .insert(pod);
+                true
+            }
             Event::InitDone => {
                 if let Some(listed) = state.relist.take() {
                     state.live = listed;
                 }
                 state.ready = true;
+                false
             }
         }
     }

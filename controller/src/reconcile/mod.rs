@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::{PredicateConfig, WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -701,18 +701,31 @@ pub async fn run(
     }
     cx.metrics.set_ready(true);
     // Each pod event is filed in the cache before it triggers its job's reconcile, so that
-    // pass sees it. The cache keeps only what reconcile reads of a pod (`pod_cache::trim`).
+    // pass sees it. The cache keeps only what reconcile reads of a pod (`pod_cache::trim`),
+    // and only a change of that is a cue for a pass (`cues`).
     cx.pod_cache.reset();
     let cache = cx.pod_cache.clone();
-    let pod_events = watcher(pods, watcher::Config::default().labels(LABEL_JOB))
+    let pod_cues = watcher(pods, watcher::Config::default().labels(LABEL_JOB))
         .default_backoff()
-        .map_ok(move |event| {
-            cache.apply(&event);
-            event
-        })
-        .touched_objects();
-    Controller::new(jobs, watcher::Config::default())
-        .owns_stream(pod_events)
+        .try_filter_map(move |event| {
+            let cue = cache.apply(&event);
+            let pod = match event {
+                watcher::Event::Apply(p)
+                | watcher::Event::Delete(p)
+                | watcher::Event::InitApply(p) => cue.then_some(p),
+                watcher::Event::Init | watcher::Event::InitDone => None,
+            };
+            futures::future::ready(Ok(pod))
+        });
+    // The controller's own status writes are no cue: only what a pass acts on is.
+    let (reader, writer) = reflector::store();
+    let job_cues = watcher(jobs, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(crate::cues::job_cue, PredicateConfig::default());
+    Controller::for_stream(job_cues, reader)
+        .owns_stream(pod_cues)
         .with_config(
             controller::Config::default()
                 .concurrency(max_concurrent_reconciles)

@@ -232,30 +232,18 @@ pub async fn run(
         mark(dir, "lease_lost", "not attached\n");
         return Ok(Outcome::NotAttached);
     };
-    // The controller's acquisition set the deadline; start a full ttl from now. This
-    // compare-and-swap is also what proves the lease is still ours.
+    // The controller's acquisition set the deadline; start a full ttl from now and record
+    // that this pod started, in one compare-and-swap, which is also what proves the lease is
+    // still ours. A pod of the same epoch that started first (its UID is recorded) wins.
     // `sent_ms` is taken before each request, so the sidecar's view of its deadline is never
     // later than the one it wrote. The clock is the node's boot-time clock (monotonic), the
     // one the wrapper reads too.
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let mut sent_ms = crate::wrap::boot_clock_ms();
-    let mut renewed_ms = sent_ms;
-    if let Err(e) = lease.renew().await {
-        tracing::warn!(key = args.lease_key, error = %e, "first renewal failed");
-        if e.is_lease_lost() {
-            mark(dir, "lease_lost", &format!("{e}\n"));
-            return Ok(Outcome::NotAttached);
-        }
-        // The controller renews a pending attempt when a third of the ttl is gone, so the
-        // deadline it left may be only a third of the ttl away.
-        renewed_ms = sent_ms.saturating_sub(ttl_ms * 2 / 3);
-    }
-    // What the wrapper fences the workload by: the deadline this sidecar last wrote.
-    show_renewal(dir, renewed_ms);
     let started = cojob::json::format_time(chrono::Utc::now());
     let (pod, node, uid) = (args.pod.clone(), args.node.clone(), args.pod_uid.clone());
     let first = lease
-        .try_update_state(|s| {
+        .renew_with(|s| {
             let recorded = s.get("pod_uid").and_then(serde_json::Value::as_str);
             if let (Some(recorded), Some(mine)) = (recorded, uid.as_deref())
                 && recorded != mine
@@ -268,11 +256,27 @@ pub async fn run(
             ))
         })
         .await;
-    if let Err(Error::Aborted { source, .. }) = &first {
-        tracing::error!(key = args.lease_key, reason = %source, "not starting: another pod of this epoch started");
-        mark(dir, "lease_lost", &format!("{source}\n"));
-        return Ok(Outcome::NotAttached);
-    }
+    let mut renewed_ms = match &first {
+        Ok(()) => sent_ms,
+        Err(Error::Aborted { source, .. }) => {
+            tracing::error!(key = args.lease_key, reason = %source, "not starting: another pod of this epoch started");
+            mark(dir, "lease_lost", &format!("{source}\n"));
+            return Ok(Outcome::NotAttached);
+        }
+        Err(e) if e.is_lease_lost() => {
+            tracing::warn!(key = args.lease_key, error = %e, "cannot attach");
+            mark(dir, "lease_lost", &format!("{e}\n"));
+            return Ok(Outcome::NotAttached);
+        }
+        Err(e) => {
+            tracing::warn!(key = args.lease_key, error = %e, "first renewal failed");
+            // The deadline the controller left is not known here: assume only a third of the
+            // ttl of it remains (the controller renews a pending attempt long before that).
+            sent_ms.saturating_sub(ttl_ms * 2 / 3)
+        }
+    };
+    // What the wrapper fences the workload by: the deadline this sidecar last wrote.
+    show_renewal(dir, renewed_ms);
     tracing::info!(
         key = args.lease_key,
         epoch = lease.epoch(),

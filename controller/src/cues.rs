@@ -1,0 +1,217 @@
+//! Cues: which watch events start a pass of their CoordinatedJob.
+//!
+//! Each pass reads the job's index and every active run's lease from the bucket, so a pass
+//! that cannot act costs two or more requests for nothing, and queues in front of the passes
+//! that decide ticks. Two kinds of event are therefore not cues:
+//!
+//! - **A job event that changed only the status** ([`job_cue`]). The controller's own status
+//!   write would otherwise start a pass after every pass that changed the status. Spec edits
+//!   (the generation), annotations (triggers, cancels, backfills), labels, finalizers and
+//!   deletion are cues.
+//! - **A pod event that changed nothing reconcile acts on** ([`pod_wakes`]): the pod a pass
+//!   just created, its scheduling, its gate's removal, its start, its containers' progress, a
+//!   finalizer the controller released, and the deletion of a pod whose end was already a cue
+//!   (the history's pods, and a pod deleted after it ended: its result finalizer keeps it
+//!   until its outcome is recorded). What a pass acts on is how a pod ended or whether it can
+//!   still run ([`crate::sweeper::pod_view`]) and whether a live pod is being deleted: a change
+//!   of either is a cue, and so is a pod of an earlier attempt ending (the next attempt's pod
+//!   waits for it).
+//!
+//! A run's move from `Pending` to `Running` in the job's status therefore shows at the next
+//! pass, within the sweep interval, not at the pod's start: the phase comes from the lease
+//! the sidecar writes, which a pass reads anyway.
+//!
+//! Nothing here is needed for correctness: every pass re-reads the truth, and an active run is
+//! passed over at least every sweep interval (and every third of its ttl) whatever the
+//! events. Cues only decide how soon a pass follows a change.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::crd::CoordinatedJob;
+use crate::run::PodView;
+use crate::sweeper::pod_view;
+
+/// The part of a CoordinatedJob whose change starts a pass: everything but its status, as a
+/// hash for kube-runtime's `predicate_filter`.
+///
+/// ```
+/// use cojob_controller::cues::job_cue;
+/// use cojob_controller::crd::CoordinatedJob;
+/// let job: CoordinatedJob = serde_json::from_value(serde_json::json!({
+///     "apiVersion": "cojob.dev/v1alpha1", "kind": "CoordinatedJob",
+///     "metadata": {"name": "nightly", "generation": 1},
+///     "spec": {"schedule": "0 2 * * *", "template": {"spec": {"containers": []}}}
+/// })).unwrap();
+/// let mut written = job.clone();
+/// written.status = Some(Default::default()); // the controller's own status write
+/// assert_eq!(job_cue(&job), job_cue(&written));
+/// let mut asked = job.clone();
+/// asked.metadata.annotations = Some([("trigger.cojob.dev/now".to_string(), "x".to_string())].into());
+/// assert_ne!(job_cue(&job), job_cue(&asked));
+/// ```
+pub fn job_cue(job: &CoordinatedJob) -> Option<u64> {
+    let meta = &job.metadata;
+    let mut hasher = DefaultHasher::new();
+    (
+        meta.generation,
+        &meta.annotations,
+        &meta.labels,
+        &meta.finalizers,
+        meta.deletion_timestamp.is_some(),
+    )
+        .hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// What reconcile acts on of a pod, compared from one event to the next.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen<'a> {
+    view: PodView,
+    /// A live pod is being deleted (an ended one's deletion changes nothing).
+    stopping: bool,
+    labels: Option<&'a std::collections::BTreeMap<String, String>>,
+    owners: Option<Vec<&'a str>>,
+}
+
+fn seen(pod: &Pod) -> Seen<'_> {
+    let view = pod_view(Some(pod));
+    Seen {
+        stopping: pod.metadata.deletion_timestamp.is_some() && view == PodView::Live,
+        view,
+        labels: pod.metadata.labels.as_ref(),
+        owners: pod
+            .metadata
+            .owner_references
+            .as_ref()
+            .map(|o| o.iter().map(|r| r.uid.as_str()).collect()),
+    }
+}
+
+/// True when a pod that went from `before` (`None`: not seen yet) to `after` changed something
+/// its job's reconcile acts on. A pod seen for the first time is a cue unless it is live and
+/// not being deleted (the pass that created it has done what there is to do).
+///
+/// ```
+/// use cojob_controller::cues::pod_wakes;
+/// use k8s_openapi::api::core::v1::Pod;
+/// let pod = |phase: &str, node: Option<&str>| -> Pod {
+///     serde_json::from_value(serde_json::json!({
+///         "metadata": {"name": "r-1"},
+///         "spec": {"nodeName": node, "containers": []},
+///         "status": {"phase": phase}
+///     })).unwrap()
+/// };
+/// assert!(!pod_wakes(None, &pod("Pending", None)), "the pass that created it is done");
+/// assert!(!pod_wakes(Some(&pod("Pending", None)), &pod("Pending", Some("n"))), "scheduled");
+/// assert!(!pod_wakes(Some(&pod("Pending", Some("n"))), &pod("Running", Some("n"))), "started");
+/// assert!(pod_wakes(Some(&pod("Running", Some("n"))), &pod("Succeeded", Some("n"))));
+/// assert!(pod_wakes(None, &pod("Succeeded", Some("n"))), "found ended");
+/// ```
+pub fn pod_wakes(before: Option<&Pod>, after: &Pod) -> bool {
+    let now = seen(after);
+    match before {
+        Some(before) => seen(before) != now,
+        None => now.view != PodView::Live || now.stopping,
+    }
+}
+
+/// True when the deletion of a pod last seen as `before` is a cue: unless its end was one
+/// already (a pod is removed only once its result finalizer is released, after its outcome
+/// is recorded, or when it never had one).
+///
+/// ```
+/// use cojob_controller::cues::deletion_wakes;
+/// use k8s_openapi::api::core::v1::Pod;
+/// let pod = |phase: &str| -> Pod {
+///     serde_json::from_value(serde_json::json!({
+///         "metadata": {"name": "r-1"}, "spec": {"nodeName": "n", "containers": []},
+///         "status": {"phase": phase}
+///     })).unwrap()
+/// };
+/// assert!(!deletion_wakes(Some(&pod("Succeeded"))));
+/// assert!(deletion_wakes(Some(&pod("Running"))));
+/// assert!(deletion_wakes(None));
+/// ```
+pub fn deletion_wakes(before: Option<&Pod>) -> bool {
+    !before.is_some_and(|p| matches!(pod_view(Some(p)), PodView::Ended(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(phase: &str, exit: Option<i32>) -> Pod {
+        let statuses = exit.map(|code| {
+            serde_json::json!([{"name": "main", "image": "b", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"terminated": {"exitCode": code}}}])
+        });
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "r-1", "labels": {"cojob.dev/epoch": "1"},
+                "finalizers": ["cojob.dev/run-result"],
+                "ownerReferences": [{"apiVersion": "v1", "kind": "K", "name": "j", "uid": "u"}]},
+            "spec": {"nodeName": "n", "containers": [],
+                "schedulingGates": [{"name": crate::pod::HOLDER_GATE}]},
+            "status": {"phase": phase, "containerStatuses": statuses}
+        }))
+        .unwrap()
+    }
+
+    fn deleting(pod: &Pod) -> Pod {
+        let mut value = serde_json::to_value(pod).unwrap();
+        value["metadata"]["deletionTimestamp"] = "2026-12-03T18:00:00Z".into();
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn what_reconcile_does_not_read_is_no_cue() {
+        let a = pod("Running", None);
+        assert!(
+            !pod_wakes(Some(&pod("Pending", None)), &a),
+            "a start is no cue"
+        );
+        let mut b = a.clone();
+        b.metadata.finalizers = None; // the controller released its finalizer
+        b.metadata.resource_version = Some("9".into());
+        if let Some(spec) = b.spec.as_mut() {
+            spec.scheduling_gates = None; // the controller removed its gate
+        }
+        assert!(!pod_wakes(Some(&a), &b));
+    }
+
+    #[test]
+    fn how_a_pod_ended_and_its_deletion_are_cues() {
+        let ok = pod("Succeeded", Some(0));
+        assert!(pod_wakes(Some(&pod("Running", None)), &ok));
+        // The same phase with another exit code is another outcome.
+        assert!(pod_wakes(
+            Some(&pod("Failed", Some(1))),
+            &pod("Failed", Some(2))
+        ));
+        assert!(
+            !pod_wakes(Some(&ok), &deleting(&ok)),
+            "an ended pod's deletion"
+        );
+        let running = pod("Running", None);
+        assert!(
+            pod_wakes(Some(&running), &deleting(&running)),
+            "a live pod's deletion"
+        );
+        let mut relabelled = ok.clone();
+        relabelled.metadata.labels = Some([("cojob.dev/epoch".into(), "2".into())].into());
+        assert!(pod_wakes(Some(&ok), &relabelled));
+        let mut orphaned = ok.clone();
+        orphaned.metadata.owner_references = None;
+        assert!(pod_wakes(Some(&ok), &orphaned));
+        assert!(!pod_wakes(Some(&ok), &ok.clone()));
+    }
+
+    #[test]
+    fn a_new_pod_is_a_cue_unless_it_is_live() {
+        assert!(!pod_wakes(None, &pod("Pending", None)));
+        assert!(!pod_wakes(None, &pod("Running", None)));
+        assert!(pod_wakes(None, &pod("Failed", Some(1))));
+        assert!(pod_wakes(None, &deleting(&pod("Pending", None))));
+    }
+}
