@@ -87,6 +87,8 @@ pub struct Context {
     pub pod_cache: crate::pod_cache::PodCache,
     /// The backoff of jobs whose passes fail.
     pub retries: crate::retry::Retries,
+    /// Which runs each job's passes sweep (every run when it knows nothing, as in tests).
+    pub focus: crate::sweeper::focus::Focus,
 }
 
 /// One CoordinatedJob as reconcile sees it.

@@ -1161,6 +1161,76 @@ async fn store_requests_per_run_are_counted() {
     h.cleanup().await;
 }
 
+/// Between full sweeps, a pass sweeps only the runs whose pods were cues: one lease read for
+/// the run a pod event concerns, not one per active run. The others keep their status, a cued
+/// run that ended is recorded, and the full sweep still comes every interval.
+#[tokio::test]
+async fn a_pod_cue_sweeps_only_its_run() {
+    let h = Harness::new("it-focus").await;
+    h.create_job(
+        "focus",
+        json!({"schedule": "0 0 1 1 *", "concurrencyPolicy": "Allow"}),
+    )
+    .await;
+    let cx = h.context(&Budget::unlimited());
+    cx.focus.start(); // what the controller's pod watch does
+    h.trigger("focus", "a").await;
+    h.trigger("focus", "b").await;
+    for _ in 0..2 {
+        h.reconcile_with(&cx, "focus").await.unwrap();
+    }
+    let active = |job: &cojob_controller::crd::CoordinatedJob| -> Vec<String> {
+        status(job)
+            .active
+            .iter()
+            .map(|r| r.run_id.clone())
+            .collect()
+    };
+    let runs = active(&h.job("focus").await);
+    assert_eq!(runs.len(), 2, "two manual runs: {runs:?}");
+    let job = (h.ns.as_str(), "focus");
+    let gets = |label: &str, before: &cojob::store::StoreStats| {
+        let spent = cx.db.store().stats().since(before);
+        println!("{label}: {} gets, {} puts", spent.gets(), spent.puts());
+        spent.gets()
+    };
+
+    // No cue: the index only.
+    let before = cx.db.store().stats();
+    h.reconcile_with(&cx, "focus").await.unwrap();
+    assert_eq!(gets("no cue", &before), 1, "the index, no lease");
+    assert_eq!(
+        active(&h.job("focus").await),
+        runs,
+        "both runs keep their status"
+    );
+
+    // A cue for one run: its lease only.
+    cx.focus.cue(job, &runs[0]);
+    let before = cx.db.store().stats();
+    h.reconcile_with(&cx, "focus").await.unwrap();
+    assert_eq!(gets("one cue", &before), 2, "the index and one lease");
+
+    // The full sweep is due after the sweep interval (a third of the ttl is longer here).
+    h.advance(cx.settings.sweep_interval);
+    let before = cx.db.store().stats();
+    h.reconcile_with(&cx, "focus").await.unwrap();
+    assert_eq!(gets("full sweep", &before), 3, "the index and both leases");
+
+    // A run's pod ended: the pass its cue starts records it, and reads no other lease.
+    h.finish_pod(&format!("{}-1", runs[0]), 0).await;
+    cx.focus.cue(job, &runs[0]);
+    let before = cx.db.store().stats();
+    h.reconcile_with(&cx, "focus").await.unwrap();
+    assert_eq!(
+        gets("completion", &before),
+        2,
+        "the index and the ended run's lease"
+    );
+    assert_eq!(active(&h.job("focus").await), vec![runs[1].clone()]);
+    h.cleanup().await;
+}
+
 /// A job's index or a tick claim that cojob did not write (corrupt, or another program's) is
 /// reported on the object and never overwritten; no tick is decided past it.
 #[tokio::test]

@@ -317,6 +317,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         renewals: Default::default(),
         pod_cache: Default::default(),
         retries: Default::default(),
+        focus: Default::default(),
         client,
         db,
         settings,

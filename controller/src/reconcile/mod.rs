@@ -48,6 +48,7 @@ use crate::index::{ActiveRun, Decision, FinishedRun, HistoryLimits, JobIndex};
 use crate::layout::run_id;
 use crate::pod::LABEL_JOB;
 use crate::schedule::{CatchUp, Schedule, ScheduleError};
+use crate::sweeper::focus::Plan;
 use crate::sweeper::{self, RunPods, RunReport, SweepError};
 
 mod backfills;
@@ -315,6 +316,8 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
             ))
         }
         Err(e) => {
+            // The runs this pass was to sweep may not have been: sweep all of them next time.
+            cx.focus.forget((&scope.namespace, &scope.name));
             if let Some((reason, message)) = e.public_report() {
                 // The API server may be the one failing; the error is returned either way, and
                 // logged whole by the error policy.
@@ -465,13 +468,26 @@ async fn sync(
     let pods = list_pods(scope).await?;
     let limits = history_limits(spec);
 
-    // Sweep the active runs first, so the concurrency policy sees runs that just ended.
+    // Sweep the active runs first, so the concurrency policy sees runs that just ended: all
+    // of them when a full sweep is due or the pass needs them, else the runs whose pods were
+    // cues (`sweeper::focus`).
     let runs = index_of(&known).active;
+    let job_ref = (scope.namespace.as_str(), scope.name.as_str());
+    let every = full_sweep_every(scope);
+    let plan = scope
+        .cx
+        .focus
+        .plan(job_ref, started, every, needs_every_run(scope.job, started));
+    let (to_sweep, shown) = focus_runs(scope.job, &runs, &plan);
     let Swept {
         mut active,
         finished,
         mut errors,
-    } = sweep(scope, &runs, &pods, said).await;
+    } = sweep(scope, &to_sweep, &pods, said).await;
+    if plan == Plan::All {
+        scope.cx.focus.swept_all(job_ref, started);
+    }
+    active.extend(shown);
     let mut dropped = Vec::new();
     if !finished.is_empty() {
         known = update_index(&doc, known, |i| {
@@ -587,10 +603,9 @@ async fn sync(
     }
     if !index.active.is_empty() {
         // At least every sweep interval, and every third of the ttl, so a pending pod's lease
-        // is renewed in time and an expired one is found within ttl + ttl/3.
-        requeue = requeue
-            .min(scope.cx.settings.sweep_interval)
-            .min(scope.ttl() / 3);
+        // is renewed in time and an expired one is found within ttl + ttl/3. A pass that swept
+        // only some runs aims at the next full sweep.
+        requeue = requeue.min(scope.cx.focus.until_full(job_ref, now, every));
     }
     if let Some((run, e)) = errors.into_iter().next() {
         tracing::warn!(job = %scope.name, %run, "a run could not be driven; reporting it");
@@ -602,6 +617,65 @@ async fn sync(
         next,
         requeue: requeue.max(Duration::from_millis(100)),
     })
+}
+
+/// How often every active run of the job is swept: the sweep interval, or a third of the
+/// ttl when that is shorter.
+fn full_sweep_every(scope: &JobScope<'_>) -> Duration {
+    scope
+        .cx
+        .settings
+        .sweep_interval
+        .min(scope.ttl() / 3)
+        .max(Duration::from_millis(100))
+}
+
+/// True when a pass may decide something that depends on every active run, or cannot tell:
+/// a tick is due (or the status does not say when the next one is), the spec changed since
+/// the status was written, `Replace` is the policy, or a request waits in an annotation.
+fn needs_every_run(job: &CoordinatedJob, now: DateTime<Utc>) -> bool {
+    let Some(status) = job.status.as_ref() else {
+        return true;
+    };
+    let tick_due = status
+        .next_schedule_time
+        .as_ref()
+        .is_none_or(|t| t.0.as_microsecond() <= now.timestamp_micros());
+    let asked = job.annotations().keys().any(|k| {
+        k.starts_with(crate::crd::TRIGGER_ANNOTATION_PREFIX)
+            || k.starts_with(crate::crd::CANCEL_ANNOTATION_PREFIX)
+            || k.starts_with(crate::crd::BACKFILL_ANNOTATION_PREFIX)
+    });
+    tick_due
+        || asked
+        || status.observed_generation != job.metadata.generation
+        || job.spec.concurrency_policy == ConcurrencyPolicy::Replace
+}
+
+/// The runs to sweep under `plan`, and the status the others keep (as the job's status last
+/// showed them; a run it does not show is swept).
+fn focus_runs(
+    job: &CoordinatedJob,
+    runs: &[ActiveRun],
+    plan: &Plan,
+) -> (Vec<ActiveRun>, Vec<RunStatus>) {
+    let Plan::Only(cued) = plan else {
+        return (runs.to_vec(), Vec::new());
+    };
+    let shown = job
+        .status
+        .as_ref()
+        .map(|s| s.active.as_slice())
+        .unwrap_or_default();
+    let mut to_sweep = Vec::new();
+    let mut kept = Vec::new();
+    for run in runs {
+        match shown.iter().find(|s| s.run_id == run.run_id) {
+            Some(status) if !cued.contains(&run.run_id) => kept.push(status.clone()),
+            _ => to_sweep.push(run.clone()),
+        }
+    }
+    (to_sweep, kept)
 }
 
 /// Removes the annotations `names` from the object (a request the controller carried out), by
@@ -673,6 +747,26 @@ pub fn error_policy(job: Arc<CoordinatedJob>, error: &Error, cx: Arc<Context>) -
     Action::requeue(delay)
 }
 
+/// Tells the focus which run a pod cue concerns; a pod of a listing makes its job's next
+/// pass a full one.
+fn note_cue(focus: &sweeper::focus::Focus, event: &watcher::Event<Pod>, cue: bool) {
+    let (watcher::Event::Apply(pod) | watcher::Event::Delete(pod) | watcher::Event::InitApply(pod)) =
+        event
+    else {
+        return;
+    };
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let labels = pod.labels();
+    let Some(job) = labels.get(LABEL_JOB) else {
+        return;
+    };
+    match (event, labels.get(crate::pod::LABEL_RUN)) {
+        (watcher::Event::InitApply(_), _) | (_, None) => focus.forget((namespace, job)),
+        (_, Some(run)) if cue => focus.cue((namespace, job), run),
+        _ => {}
+    }
+}
+
 /// Runs the controller until SIGTERM or SIGINT: watches CoordinatedJobs (in `namespace`, or
 /// everywhere) and the pods they own.
 pub async fn run(
@@ -704,11 +798,14 @@ pub async fn run(
     // pass sees it. The cache keeps only what reconcile reads of a pod (`pod_cache::trim`),
     // and only a change of that is a cue for a pass (`cues`).
     cx.pod_cache.reset();
+    cx.focus.start();
     let cache = cx.pod_cache.clone();
+    let focus = cx.focus.clone();
     let pod_cues = watcher(pods, watcher::Config::default().labels(LABEL_JOB))
         .default_backoff()
         .try_filter_map(move |event| {
             let cue = cache.apply(&event);
+            note_cue(&focus, &event, cue);
             let pod = match event {
                 watcher::Event::Apply(p)
                 | watcher::Event::Delete(p)

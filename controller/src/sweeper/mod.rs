@@ -1,7 +1,7 @@
 //! The sweeper: drives each active run one step along its lifecycle.
 //!
-//! Reconcile calls [`sync_run`] for every active run in the job's index, at least every
-//! `--sweep-interval`. It reads the run's lease (one GET, never a listing), looks at the run's
+//! Reconcile calls [`sync_run`] for every active run in the job's index at least every
+//! `--sweep-interval`, and in between for the runs whose pods changed ([`focus`]). It reads the run's lease (one GET, never a listing), looks at the run's
 //! pods, picks the next step with [`run::decide`] and carries it out:
 //!
 //! - **dispatch** ([`dispatch`]): derive the epoch's holder ([`holder`]), acquire a new epoch
@@ -28,6 +28,7 @@
 pub mod cancel;
 pub mod complete;
 pub mod dispatch;
+pub mod focus;
 pub mod holder;
 pub mod pods;
 pub mod renew;

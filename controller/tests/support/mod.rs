@@ -256,6 +256,7 @@ impl Harness {
             renewals: Default::default(),
             pod_cache: Default::default(),
             retries: Default::default(),
+            focus: Default::default(),
             client,
             db,
             settings,

@@ -26,7 +26,8 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
-/// The controller's settings the bound depends on (the chart's defaults).
+/// The controller's settings the bound depends on: the chart's defaults, which
+/// `e2e/bench/run` installs.
 const SWEEP_INTERVAL_S: f64 = 10.0;
 const SKEW_ALLOWANCE_S: f64 = 5.0;
 
