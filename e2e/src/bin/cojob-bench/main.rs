@@ -28,7 +28,7 @@
 //! scheduler, kwok). The controller's bucket requests and its tick pickup latency (the
 //! reconcile queue's) come from its `/metrics` (`--metrics`), the API server requests of each
 //! controller from the API server's own `/metrics` (dispatched requests by flow schema).
-//! `--recovery K` then times K recoveries after a pod is deleted, at each ttl of
+//! `--recovery K` then times K recoveries after a pod is deleted and K after a sidecar froze, at each ttl of
 //! `--recovery-ttl` (module `recovery`). `--json` writes the figures, `--docs` the tables and
 //! the plots (module `plots`); `--merge` adds the sizes of an earlier `--json` report that
 //! this run did not measure (each size's table row says when it was measured); `--check`

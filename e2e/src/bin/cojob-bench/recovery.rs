@@ -2,8 +2,11 @@
 //! the real node, against the bound the design gives (lease ttl + sweep interval + clock-skew
 //! allowance).
 //!
-//! For each ttl and each fault, `k` one-shot CoordinatedJobs run `sleep 20` in one namespace.
-//! Once a job's workload runs, the fault strikes:
+//! For each ttl and each fault, `k` one-shot CoordinatedJobs run `sleep` in one namespace, for
+//! longer than the time the measurement waits ([`wait_limit`]): a workload that ended before its
+//! lease expired would simply succeed, with nothing to recover (a frozen sidecar does not stop
+//! the workload, and the run's success is read from the pod). Once a job's workload runs, the
+//! fault strikes:
 //!
 //! - [`Fault::Deleted`]: the pod is deleted (`kubectl delete pod`, 1 s grace). Its sidecar is
 //!   told to stop, releases the lease with the attempt failed, and the controller starts the
@@ -96,6 +99,12 @@ async fn running(pods: &Api<Pod>, name: &str) -> anyhow::Result<Vec<(u64, String
         .collect())
 }
 
+/// How long a recovery at lease ttl `ttl` (seconds) may take before it counts as failed: well
+/// past the bound, so a slow recovery is measured rather than lost.
+fn wait_limit(ttl: i64) -> Duration {
+    Duration::from_secs(u64::try_from(ttl).unwrap_or(60) * 3 + 120)
+}
+
 /// Strikes the running pod of `name` and waits (at most `limit`) for an epoch-2 workload.
 async fn one(pods: Api<Pod>, name: String, fault: Fault, limit: Duration) -> anyhow::Result<f64> {
     let t0 = tokio::time::Instant::now();
@@ -156,6 +165,9 @@ async fn measure_in(
     let jobs = crate::coordinated_jobs(client, ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     println!("bench: recovery from {fault:?} at ttl {ttl} s: {k} one-shot jobs in {ns}");
+    let limit = wait_limit(ttl);
+    // Outlives both waits of `one` (for the first pod, then for its replacement).
+    let sleep = (limit.as_secs() * 2 + 60).to_string();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..k {
         let name = format!("rec-{i}");
@@ -165,11 +177,10 @@ async fn measure_in(
             "metadata": {"name": name},
             "spec": {
                 "lease": {"ttlSeconds": ttl},
-                "template": {"spec": crate::pod_spec(crate::Nodes::Real, &["sleep", "20"])}
+                "template": {"spec": crate::pod_spec(crate::Nodes::Real, &["sleep", &sleep])}
             }
         }))?;
         jobs.create(&PostParams::default(), &job).await?;
-        let limit = Duration::from_secs(u64::try_from(ttl).unwrap_or(60) * 3 + 120);
         tasks.spawn(one(pods.clone(), name, fault, limit));
     }
     let mut seconds = Vec::new();
