@@ -37,7 +37,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use chrono::{DateTime, Timelike, Utc};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::Pod;
@@ -49,117 +49,94 @@ use serde_json::{Value, json};
 mod plots;
 mod recovery;
 
+/// Punctuality and cost side by side with CronJob, on the local cluster (see the module
+/// documentation; `e2e/bench/run` calls it).
+#[derive(clap::Parser, Debug)]
+#[command(name = "cojob-bench")]
 struct Options {
-    /// Sizes on the real node.
-    sizes: Vec<usize>,
-    /// Sizes on the simulated nodes.
-    kwok_sizes: Vec<usize>,
+    /// Sizes on the real node, comma-separated (`''` for none).
+    #[arg(long = "n", value_name = "N,N", default_value = "10", value_parser = sizes)]
+    sizes: Sizes,
+    /// Sizes on the simulated nodes of `e2e/bench/kwok`, comma-separated.
+    #[arg(long = "kwok", value_name = "N,N", default_value = "", value_parser = sizes)]
+    kwok_sizes: Sizes,
+    /// Ticks measured on the real node (both kinds keep 10 finished runs, so at most 10).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
     ticks: u32,
     /// Minutes between ticks (`*/every * * * *`) on the real node.
+    #[arg(long, value_name = "MINUTES", default_value_t = 1, value_parser = divides_hour)]
     every: u32,
     /// Minutes between ticks on the simulated nodes.
+    #[arg(long, value_name = "MINUTES", default_value_t = 5, value_parser = divides_hour)]
     kwok_every: u32,
-    /// Ticks measured on the simulated nodes.
+    /// Ticks measured on the simulated nodes (at most 10).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10))]
     kwok_ticks: u32,
-    /// Recoveries to measure at each lease ttl of `recovery_ttls`.
+    /// Recoveries to measure for each fault at each lease ttl of `--recovery-ttl`.
+    #[arg(long = "recovery", value_name = "K", default_value_t = 0)]
     recoveries: usize,
-    /// Lease ttls (seconds) of the recovery measurement.
+    /// Lease ttls (seconds) of the recovery measurement, comma-separated.
+    #[arg(
+        long = "recovery-ttl",
+        value_name = "SECONDS,SECONDS",
+        value_delimiter = ',',
+        default_value = "12,30",
+        value_parser = clap::value_parser!(i64).range(6..=300)
+    )]
     recovery_ttls: Vec<i64>,
+    /// The cojob controller's metrics endpoint.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:18080")]
     metrics: String,
+    /// Writes the figures as JSON.
+    #[arg(long, value_name = "OUT")]
     json: Option<String>,
     /// An earlier `--json` report whose other sizes join this run's tables.
+    #[arg(long, value_name = "EARLIER.json")]
     merge: Option<String>,
+    /// Fails on any duplicate, miss or run that does not recover (CI's small run).
+    #[arg(long)]
     check: bool,
+    /// Writes the tables into this Markdown file (between its cojob-bench markers) and the
+    /// plots into `bench/` beside it.
+    #[arg(long, value_name = "FILE")]
     docs: Option<String>,
+    /// The command line the docs name as the one that measured the figures.
+    #[arg(long, value_name = "LINE", default_value = "cojob-bench")]
     command: String,
 }
 
-fn options() -> anyhow::Result<Options> {
-    let mut o = Options {
-        sizes: vec![10],
-        ticks: 3,
-        kwok_sizes: Vec::new(),
-        every: 1,
-        kwok_every: 5,
-        kwok_ticks: 5,
-        recoveries: 0,
-        recovery_ttls: vec![12, 30],
-        metrics: "127.0.0.1:18080".into(),
-        json: None,
-        merge: None,
-        check: false,
-        docs: None,
-        command: "cojob-bench".into(),
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{a} needs a value"));
-        let sizes = |v: String| {
-            v.split(',')
-                .filter(|n| !n.trim().is_empty())
-                .map(|n| n.trim().parse().context("sizes are numbers, e.g. 10,100"))
-                .collect::<anyhow::Result<Vec<usize>>>()
-        };
-        match a.as_str() {
-            "--n" => o.sizes = sizes(value()?)?,
-            "--kwok" => o.kwok_sizes = sizes(value()?)?,
-            "--kwok-every" => {
-                o.kwok_every = value()?.parse().context("--kwok-every takes minutes")?
-            }
-            "--ticks" => o.ticks = value()?.parse().context("--ticks takes a number")?,
-            "--recovery" => o.recoveries = value()?.parse().context("--recovery takes a number")?,
-            "--recovery-ttl" => {
-                o.recovery_ttls = value()?
-                    .split(',')
-                    .map(|t| {
-                        t.trim()
-                            .parse()
-                            .context("--recovery-ttl takes seconds, e.g. 12,30")
-                    })
-                    .collect::<anyhow::Result<_>>()?
-            }
-            "--kwok-ticks" => {
-                o.kwok_ticks = value()?.parse().context("--kwok-ticks takes a number")?
-            }
-            "--every" => o.every = value()?.parse().context("--every takes minutes")?,
-            "--metrics" => o.metrics = value()?,
-            "--json" => o.json = Some(value()?),
-            "--merge" => o.merge = Some(value()?),
-            "--check" => o.check = true,
-            "--docs" => o.docs = Some(value()?),
-            "--command" => o.command = value()?,
-            "-h" | "--help" => {
-                println!(
-                    "cojob-bench [--n 10,100] [--ticks 3] [--every MINUTES] [--kwok 1000,10000] [--kwok-every 5] [--kwok-ticks 5] [--recovery K] [--recovery-ttl 12,30] [--metrics HOST:PORT] [--json OUT] [--merge EARLIER.json] [--check] [--docs FILE --command LINE]"
-                );
-                std::process::exit(0);
-            }
-            other => bail!("unknown argument {other:?} (see --help)"),
-        }
+/// A comma-separated list of sizes.
+#[derive(Debug, Clone, Default)]
+struct Sizes(Vec<usize>);
+
+impl std::ops::Deref for Sizes {
+    type Target = Vec<usize>;
+    fn deref(&self) -> &Vec<usize> {
+        &self.0
     }
-    // Both kinds keep 10 finished runs (and their pods): more ticks could not be read back.
-    ensure!(
-        (1..=10).contains(&o.ticks) && (1..=10).contains(&o.kwok_ticks),
-        "--ticks and --kwok-ticks must be within 1..=10"
-    );
-    ensure!(
-        o.sizes
-            .iter()
-            .chain(&o.kwok_sizes)
-            .all(|n| (1..=10_000).contains(n)),
-        "sizes must be within 1..=10000"
-    );
-    ensure!(
-        o.recovery_ttls.iter().all(|t| (6..=300).contains(t)),
-        "--recovery-ttl values must be within 6..=300 seconds"
-    );
-    for every in [o.every, o.kwok_every] {
-        ensure!(
-            (1..=30).contains(&every) && 60 % every == 0,
-            "--every and --kwok-every must divide an hour (1, 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30 minutes)"
-        );
+}
+
+/// Parses `10,100` (or `''`, no size); each size within 1..=10 000.
+fn sizes(v: &str) -> Result<Sizes, String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| match n.parse::<usize>() {
+            Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+            _ => Err(format!("{n:?} is not a size within 1..=10000")),
+        })
+        .collect::<Result<_, _>>()
+        .map(Sizes)
+}
+
+/// Parses a tick period in minutes that divides an hour, so `*/every` ticks evenly.
+fn divides_hour(v: &str) -> Result<u32, String> {
+    match v.parse::<u32>() {
+        Ok(m) if (1..=30).contains(&m) && 60 % m == 0 => Ok(m),
+        _ => Err(format!(
+            "{v:?} does not divide an hour (1, 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30 minutes)"
+        )),
     }
-    Ok(o)
 }
 
 /// Where the benchmark's pods run.
@@ -394,6 +371,32 @@ fn process_cost(is_it: impl Fn(&[String]) -> bool) -> (f64, u64) {
     (cpu, rss)
 }
 
+/// Which processes match `is_it`: each one's pid and start time (clock ticks since boot, field
+/// 22 of `/proc/<pid>/stat`), so a process that was restarted, even under the same pid, is
+/// told apart.
+fn process_identity(is_it: impl Fn(&[String]) -> bool) -> BTreeSet<(String, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return BTreeSet::new();
+    };
+    dir.flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            let cmd = std::fs::read(path.join("cmdline")).ok()?;
+            let argv: Vec<String> = cmd
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            if !is_it(&argv) {
+                return None;
+            }
+            let stat = std::fs::read_to_string(path.join("stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            let start = rest.split_whitespace().nth(19)?.to_owned();
+            Some((entry.file_name().to_string_lossy().into_owned(), start))
+        })
+        .collect()
+}
+
 /// `cojob controller`, as the chart runs it.
 fn is_cojob_controller(argv: &[String]) -> bool {
     argv.first()
@@ -589,9 +592,16 @@ struct SizeResult {
     nodes: Nodes,
     cronjob: Figures,
     cojob: Figures,
+    /// The cojob controller's process was not the same at the end of the window (it restarted:
+    /// killed for its memory, for example); its own counters started again, so its CPU,
+    /// bucket requests and tick pickup over the window are not known (NaN).
+    #[serde(default)]
+    controller_restarted: bool,
+    #[serde(deserialize_with = "nan_if_null")]
     controller_cpu_seconds_per_tick: f64,
     controller_rss_bytes: u64,
     kube_controller_manager_cpu_seconds_per_tick: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     bucket_requests_per_run: f64,
     controller_api_requests_per_tick: f64,
     kube_controller_manager_api_requests_per_tick: f64,
@@ -660,6 +670,8 @@ where
 
 /// The counters the costs are differences of, read at the start and at the end of a window.
 struct Costs {
+    /// The controller's process (pid, start time): another at the end means it restarted.
+    controller_process: BTreeSet<(String, String)>,
     controller_cpu: f64,
     controller_rss: u64,
     kcm_cpu: f64,
@@ -681,6 +693,7 @@ impl Costs {
         let (bucket_requests, pickup) = controller_metrics(metrics).await?;
         let (controller_api, kcm_api) = api_requests().await?;
         Ok(Costs {
+            controller_process: process_identity(is_cojob_controller),
             controller_cpu,
             controller_rss,
             kcm_cpu,
@@ -969,13 +982,27 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     let cron_decided: BTreeSet<(String, DateTime<Utc>)> = scheduled.values().cloned().collect();
     let runs = co_figures.pods.max(1) as f64;
     let per_tick = f64::from(ticks_n);
+    let restarted = before.controller_process != after.controller_process;
+    if restarted {
+        println!(
+            "bench: N = {n}: the cojob controller restarted during the window ({:?} at the start, {:?} at the end: see its pod's last state); its CPU, bucket requests and tick pickup are not measured",
+            before.controller_process, after.controller_process
+        );
+    }
+    // What the controller's own counters give, unless they started again meanwhile.
+    let own = |v: f64| if restarted { f64::NAN } else { v };
     Ok(SizeResult {
         measured: Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
         n,
         ticks: ticks_n,
         every_minutes: every,
         nodes,
-        tick_pickup: after.pickup.since(&before.pickup),
+        tick_pickup: if restarted {
+            after.pickup.since(&after.pickup)
+        } else {
+            after.pickup.since(&before.pickup)
+        },
+        controller_restarted: restarted,
         shared_cpu_seconds_per_tick: (after.shared_cpu - before.shared_cpu) / per_tick,
         machine_busy: if after.machine_total > before.machine_total {
             (after.machine_busy - before.machine_busy)
@@ -992,10 +1019,12 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
             0,
         ),
         cojob: co_figures,
-        controller_cpu_seconds_per_tick: (after.controller_cpu - before.controller_cpu) / per_tick,
+        controller_cpu_seconds_per_tick: own(
+            (after.controller_cpu - before.controller_cpu) / per_tick
+        ),
         controller_rss_bytes: after.controller_rss,
         kube_controller_manager_cpu_seconds_per_tick: (after.kcm_cpu - before.kcm_cpu) / per_tick,
-        bucket_requests_per_run: (after.bucket_requests - before.bucket_requests) / runs,
+        bucket_requests_per_run: own((after.bucket_requests - before.bucket_requests) / runs),
         controller_api_requests_per_tick: (after.controller_api - before.controller_api) / per_tick,
         kube_controller_manager_api_requests_per_tick: (after.kcm_api - before.kcm_api) / per_tick,
     })
@@ -1102,6 +1131,12 @@ fn tables(results: &[SizeResult]) -> String {
             r.machine_busy * 100.0
         ));
     }
+    for r in results.iter().filter(|r| r.controller_restarted) {
+        t.push_str(&format!(
+            "\nN = {} ({:?} nodes): the cojob controller restarted during the window, so its CPU, bucket requests and tick pickup are not known (NaN); its memory is the restarted process's.\n",
+            r.n, r.nodes
+        ));
+    }
     t
 }
 
@@ -1170,7 +1205,7 @@ fn merge(
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let o = options()?;
+    let o = <Options as clap::Parser>::parse();
     let client = cojob_e2e::client().await;
     let mut results = Vec::new();
     let real = o.sizes.iter().map(|&n| Size {
@@ -1199,9 +1234,13 @@ async fn main() -> anyhow::Result<()> {
     if let Some(path) = &o.merge {
         merge(path, &mut results, &mut recoveries)?;
     }
-    let mut tables = tables(&results);
+    // A run of recoveries only (`--n ''`) has no size to show.
+    let mut tables = if results.is_empty() {
+        String::new()
+    } else {
+        tables(&results) + "\n"
+    };
     if !recoveries.is_empty() {
-        tables.push('\n');
         tables.push_str(&recovery::table(&recoveries));
     }
     println!("\n{tables}");
