@@ -8,9 +8,12 @@
 //! (after the watch expired) replaces the contents at once when it is complete, as
 //! kube-runtime's reflector does.
 //!
-//! The cache keeps only what reconcile reads of a pod ([`trim`]): at 10 000 jobs it holds tens
-//! of thousands of finished pods (each job's history), and a whole pod object (its spec, the
-//! sidecar's, conditions, images) is most of the controller's memory.
+//! The cache keeps only what reconcile reads of a pod ([`trim`]), encoded as JSON: at 10 000
+//! jobs it holds tens of thousands of finished pods (each job's history), and a whole pod
+//! object (its spec, the sidecar's, conditions, images) is most of the controller's memory. A
+//! decoded `Pod`, even trimmed, keeps room for every field the API defines; the encoded copy
+//! takes a fraction of it (`cargo bench -p cojob-controller --bench pod_cache`), and a pass
+//! decodes only its own job's pods.
 //!
 //! A cache may lag the API server by the watch's latency. Reconcile relies on it only where a
 //! lag delays a step and never breaks a guarantee; the two decisions that need the truth read
@@ -50,17 +53,61 @@ type JobKey = (String, String);
 /// A namespace and a pod name.
 type PodKey = (String, String);
 
+/// One cached pod: its trimmed form ([`trim`]) encoded as JSON (see the module's
+/// documentation).
+enum Kept {
+    Encoded(Box<[u8]>),
+    /// Only if encoding failed (no pod the API server sends fails to encode).
+    Decoded(Box<Pod>),
+}
+
+impl Kept {
+    fn new(pod: &Pod) -> Kept {
+        let kept = trim(pod);
+        match serde_json::to_vec(&kept) {
+            Ok(bytes) => Kept::Encoded(bytes.into_boxed_slice()),
+            Err(e) => {
+                tracing::warn!(pod = %pod.name_any(), error = %e, "cannot encode a pod for the cache; keeping it decoded");
+                Kept::Decoded(Box::new(kept))
+            }
+        }
+    }
+
+    /// The trimmed pod, or `None` (logged) if its encoding cannot be read back, in which case
+    /// the caller asks the API server.
+    fn pod(&self) -> Option<Pod> {
+        match self {
+            Kept::Encoded(bytes) => match serde_json::from_slice(bytes) {
+                Ok(pod) => Some(pod),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot decode a cached pod; asking the API server");
+                    None
+                }
+            },
+            Kept::Decoded(pod) => Some(Pod::clone(pod)),
+        }
+    }
+
+    /// The encoded size, for the cache's own measurement.
+    fn bytes(&self) -> usize {
+        match self {
+            Kept::Encoded(bytes) => bytes.len(),
+            Kept::Decoded(_) => std::mem::size_of::<Pod>(),
+        }
+    }
+}
+
 #[derive(Default)]
 struct Contents {
     /// Pods by job, then by pod name.
-    by_job: HashMap<JobKey, BTreeMap<String, Arc<Pod>>>,
+    by_job: HashMap<JobKey, BTreeMap<String, Kept>>,
     /// The job each pod is filed under.
     job_of: HashMap<PodKey, JobKey>,
 }
 
 impl Contents {
     /// Files `pod` (trimmed) and returns the copy it replaces, if any.
-    fn insert(&mut self, pod: &Pod) -> Option<Arc<Pod>> {
+    fn insert(&mut self, pod: &Pod) -> Option<Kept> {
         let Some(job) = job_key(pod) else {
             return self.remove(pod); // a pod that lost its label is no longer a run pod
         };
@@ -73,18 +120,18 @@ impl Contents {
             .by_job
             .entry(job.clone())
             .or_default()
-            .insert(key.1.clone(), Arc::new(trim(pod)));
+            .insert(key.1.clone(), Kept::new(pod));
         self.job_of.insert(key, job);
         replaced.or(before)
     }
 
-    fn remove(&mut self, pod: &Pod) -> Option<Arc<Pod>> {
+    fn remove(&mut self, pod: &Pod) -> Option<Kept> {
         let key = pod_key(pod);
         let job = self.job_of.remove(&key)?;
         self.forget(&job, &key.1)
     }
 
-    fn forget(&mut self, job: &JobKey, pod: &str) -> Option<Arc<Pod>> {
+    fn forget(&mut self, job: &JobKey, pod: &str) -> Option<Kept> {
         let pods = self.by_job.get_mut(job)?;
         let removed = pods.remove(pod);
         if pods.is_empty() {
@@ -120,14 +167,17 @@ impl PodCache {
             return true; // poisoned: a panic elsewhere; reconcile falls back to listing
         };
         match event {
-            Event::Apply(pod) => {
-                let before = state.live.insert(pod);
-                crate::cues::pod_wakes(before.as_deref(), pod)
-            }
-            Event::Delete(pod) => {
-                let before = state.live.remove(pod);
-                crate::cues::deletion_wakes(before.as_deref())
-            }
+            // A copy that cannot be read back counts as a cue: the pass that follows looks.
+            Event::Apply(pod) => match state.live.insert(pod).map(|k| k.pod()) {
+                Some(None) => true,
+                Some(Some(before)) => crate::cues::pod_wakes(Some(&before), pod),
+                None => crate::cues::pod_wakes(None, pod),
+            },
+            Event::Delete(pod) => match state.live.remove(pod).map(|k| k.pod()) {
+                Some(None) => true,
+                Some(Some(before)) => crate::cues::deletion_wakes(Some(&before)),
+                None => crate::cues::deletion_wakes(None),
+            },
             Event::Init => {
                 state.relist = Some(Contents::default());
                 false
@@ -150,21 +200,31 @@ impl PodCache {
     }
 
     /// The pods filed under job `name` in `namespace`, or `None` while the watch has not
-    /// completed its first listing (the caller then asks the API server).
+    /// completed its first listing, or if a copy cannot be read back (the caller then asks
+    /// the API server).
     pub fn job_pods(&self, namespace: &str, name: &str) -> Option<Vec<Pod>> {
         let state = self.state.read().ok()?;
         if !state.ready {
             return None;
         }
         let key = (namespace.to_owned(), name.to_owned());
-        Some(
-            state
-                .live
+        match state.live.by_job.get(&key) {
+            Some(pods) => pods.values().map(Kept::pod).collect(),
+            None => Some(Vec::new()),
+        }
+    }
+
+    /// The bytes the cached pods' copies take, beside [`PodCache::len`]: what a pod costs the
+    /// controller's memory, before the maps' own overhead.
+    pub fn encoded_bytes(&self) -> usize {
+        self.state.read().map_or(0, |s| {
+            s.live
                 .by_job
-                .get(&key)
-                .map(|pods| pods.values().map(|p| Pod::clone(p)).collect())
-                .unwrap_or_default(),
-        )
+                .values()
+                .flat_map(|pods| pods.values())
+                .map(Kept::bytes)
+                .sum()
+        })
     }
 
     /// Forgets everything and serves nothing until the next complete listing (a watch that
@@ -374,6 +434,9 @@ mod tests {
         cache.apply(&Event::InitDone);
         let served = cache.job_pods("a", "nightly").unwrap();
         assert!(served[0].spec.as_ref().unwrap().containers.is_empty());
+        // Kept encoded, served decoded: exactly the trimmed pod.
+        assert_eq!(served, [trim(&full_pod(false, "Running"))]);
+        assert!(cache.encoded_bytes() > 0);
     }
 
     #[test]

@@ -816,8 +816,11 @@ pub async fn run(
         });
     // The controller's own status writes are no cue: only what a pass acts on is.
     let (reader, writer) = reflector::store();
+    // The job cache keeps no managed fields: nothing reads them, and at thousands of jobs
+    // they are a good part of each object.
     let job_cues = watcher(jobs, watcher::Config::default())
         .default_backoff()
+        .modify(|job| job.managed_fields_mut().clear())
         .reflect(writer)
         .applied_objects()
         .predicate_filter(crate::cues::job_cue, PredicateConfig::default());

@@ -1220,9 +1220,8 @@ async fn main() -> anyhow::Result<()> {
         every: o.kwok_every,
         ticks: o.kwok_ticks,
     });
-    for size in real.chain(kwok).collect::<Vec<_>>() {
-        results.push(run_size(&client, &o, size).await?);
-    }
+    // Recoveries first, on a quiet cluster: after a large size, its namespace's removal may
+    // still load the node and the API server.
     let mut recoveries = Vec::new();
     if o.recoveries > 0 {
         for fault in [recovery::Fault::Deleted, recovery::Fault::Silent] {
@@ -1230,6 +1229,9 @@ async fn main() -> anyhow::Result<()> {
                 recoveries.push(recovery::measure(&client, fault, ttl, o.recoveries).await?);
             }
         }
+    }
+    for size in real.chain(kwok).collect::<Vec<_>>() {
+        results.push(run_size(&client, &o, size).await?);
     }
     if let Some(path) = &o.merge {
         merge(path, &mut results, &mut recoveries)?;
