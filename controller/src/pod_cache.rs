@@ -16,10 +16,11 @@
 //! decodes only its own job's pods.
 //!
 //! A cache may lag the API server by the watch's latency. Reconcile relies on it only where a
-//! lag delays a step and never breaks a guarantee; the two decisions that need the truth read
-//! it fresh: whether the current attempt's pod is missing (a GET by name, in the sweeper) and
+//! lag delays a step and never breaks a guarantee; the decisions that need the truth read it
+//! fresh: whether the current attempt's pod is missing (a GET by name, in the sweeper),
 //! whether an older attempt's pod can still run before a new one is created (G3: a LIST of the
-//! run's pods, in dispatch).
+//! run's pods, in dispatch), and which pods still hold a result finalizer before a deleted
+//! job lets go of its own (a LIST of the job's pods, in finalize).
 //!
 //! ```
 //! use cojob_controller::pod_cache::PodCache;

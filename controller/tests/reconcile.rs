@@ -952,6 +952,40 @@ async fn deleting_the_job_cancels_active_runs_through_the_finalizer() {
 }
 
 #[tokio::test]
+async fn a_deleted_job_releases_the_pods_its_cache_has_not_seen() {
+    let h = Harness::new("it-unseen").await;
+    h.create_job("bye", json!({})).await;
+    h.settle("bye", 1).await;
+    assert_eq!(h.live_pod_names("bye").await, ["bye-once-1"]);
+    // A watch that lags: the cache has listed, and has not seen the run's pod.
+    let cx = h.context(&Budget::unlimited());
+    cx.pod_cache.apply(&kube::runtime::watcher::Event::Init);
+    cx.pod_cache.apply(&kube::runtime::watcher::Event::InitDone);
+    assert_eq!(cx.pod_cache.job_pods(&h.ns, "bye").unwrap().len(), 0);
+    h.jobs().delete("bye", &Default::default()).await.unwrap();
+    for _ in 0..50 {
+        if h.jobs().get_opt("bye").await.unwrap().is_none() {
+            break;
+        }
+        h.reconcile_with(&cx, "bye").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        h.jobs().get_opt("bye").await.unwrap().is_none(),
+        "the job's finalizer was removed"
+    );
+    // The pod went too: its result finalizer was released before the job's, so nothing is
+    // left that no one would release.
+    let pod = h.pods().get_opt("bye-once-1").await.unwrap();
+    assert!(
+        pod.as_ref().is_none_or(|p| p.finalizers().is_empty()),
+        "the pod still holds {:?}",
+        pod.map(|p| p.finalizers().to_vec())
+    );
+    h.cleanup().await;
+}
+
+#[tokio::test]
 async fn a_recreated_job_starts_afresh() {
     let h = Harness::new("it-again").await;
     h.create_job("again", json!({})).await;

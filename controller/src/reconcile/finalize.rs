@@ -93,7 +93,10 @@ async fn cancel_and_release(
 /// removes the job's own finalizer. The object waits for pods still stopping, so no pod
 /// outlives it with a finalizer nobody would remove.
 async fn release_pods_then_let_go(scope: &JobScope<'_>) -> Result<Action, Error> {
-    let pods = list_pods(scope).await?; // as they are after the cancels
+    // As they are after the cancels, from the API server: a pod the cache has not seen yet
+    // (a lagging watch at thousands of pods) would otherwise keep its result finalizer after
+    // the job is gone, with no one left to release it, and block its namespace's removal.
+    let pods = list_pods_fresh(scope).await?;
     let mut stopping = Vec::new();
     for pod in pods.values().flat_map(|p| p.values()) {
         if !sweeper::pods::has_result_finalizer(pod) {

@@ -350,13 +350,17 @@ fn history_limits(spec: &CoordinatedJobSpec) -> HistoryLimits {
 
 /// The job's pods, from the watch-backed cache once it is filled, else from the API server.
 async fn list_pods(scope: &JobScope<'_>) -> Result<BTreeMap<String, RunPods>, Error> {
-    let pods = match scope.cx.pod_cache.job_pods(&scope.namespace, &scope.name) {
-        Some(pods) => pods,
-        None => {
-            let lp = ListParams::default().labels(&format!("{LABEL_JOB}={}", scope.name));
-            scope.pods.list(&lp).await?.items
-        }
-    };
+    match scope.cx.pod_cache.job_pods(&scope.namespace, &scope.name) {
+        Some(pods) => Ok(sweeper::group_pods(scope, pods)),
+        None => list_pods_fresh(scope).await,
+    }
+}
+
+/// The job's pods as the API server has them now (a LIST by label), for the decisions that
+/// must not miss a pod the cache has not seen yet.
+async fn list_pods_fresh(scope: &JobScope<'_>) -> Result<BTreeMap<String, RunPods>, Error> {
+    let lp = ListParams::default().labels(&format!("{LABEL_JOB}={}", scope.name));
+    let pods = scope.pods.list(&lp).await?.items;
     Ok(sweeper::group_pods(scope, pods))
 }
 
