@@ -204,6 +204,117 @@ async fn an_expired_lease_is_stolen_the_stale_pod_fenced_and_attempts_bounded() 
     h.cleanup().await;
 }
 
+/// Under load the pod watch lags: the cache still shows the attempt running when its lease
+/// expires, though the API server already says the workload succeeded. The takeover is
+/// confirmed on a fresh read, so the success is recorded and no second attempt is spent.
+#[tokio::test]
+async fn a_lagging_pod_cache_does_not_turn_an_ended_attempt_into_a_takeover() {
+    let h = Harness::new("it-lag").await;
+    h.create_job(
+        "lag",
+        json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("lag", 1).await;
+    h.start_pod("lag-once-1").await;
+    h.sidecar_started("lag", "lag-once").await;
+    // The cache's last copy: the pod running.
+    let running = h.pods().get("lag-once-1").await.unwrap();
+    let cx = h.context(&Budget::unlimited());
+    cx.pod_cache.apply(&kube::runtime::watcher::Event::Init);
+    cx.pod_cache
+        .apply(&kube::runtime::watcher::Event::InitApply(running));
+    cx.pod_cache.apply(&kube::runtime::watcher::Event::InitDone);
+    // The workload succeeded, the sidecar's last renewal ran out, and the watch has not
+    // delivered the pod's end.
+    h.finish_pod("lag-once-1", 0).await;
+    h.advance(Duration::from_secs(36));
+    let cached = cx.pod_cache.job_pods(&h.ns, "lag").unwrap();
+    assert_eq!(
+        cached[0].status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Running"),
+        "the cache lags"
+    );
+    for _ in 0..2 {
+        h.reconcile_with(&cx, "lag").await.unwrap();
+    }
+    let lease = h.lease("lag", "lag-once").await.unwrap();
+    let st = state(&lease);
+    assert_eq!(
+        (lease.epoch, st.attempt, st.status.as_str()),
+        (1, 1, "succeeded"),
+        "recorded from the fresh copy, not taken over"
+    );
+    assert!(!h.pod_exists("lag-once-2").await, "no second attempt's pod");
+    let reasons = h.event_reasons("lag").await;
+    assert!(!reasons.iter().any(|r| r == "LeaseLost"), "{reasons:?}");
+    h.cleanup().await;
+}
+
+/// Two controllers complete the same ended attempt after its lease ran out. The one whose
+/// read of the lease predates the other's record must not take a new epoch over the finished
+/// run: the result stays recorded at the attempt's own epoch (G2), with no extra write.
+#[tokio::test]
+async fn a_stale_read_of_a_recorded_result_takes_no_epoch() {
+    use cojob_controller::announce::Announcements;
+    use cojob_controller::context::JobScope;
+    use cojob_controller::index::ActiveRun;
+    use cojob_controller::run::PodOutcome;
+    use cojob_controller::sweeper::{complete, group_pods};
+
+    let h = Harness::new("it-twice").await;
+    h.create_job(
+        "twice",
+        json!({"maxAttempts": 3, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("twice", 1).await;
+    h.start_pod("twice-once-1").await;
+    h.sidecar_started("twice", "twice-once").await;
+    h.finish_pod("twice-once-1", 0).await;
+    // The controllers were away longer than the sidecar's last renewal.
+    h.advance(Duration::from_secs(40));
+    let stale = h.lease("twice", "twice-once").await.unwrap();
+    assert!(stale.is_expired_at(h.now()) && !stale.is_released());
+    // Controller A records the success.
+    h.settle("twice", 1).await;
+    let recorded = h.lease("twice", "twice-once").await.unwrap();
+    assert_eq!(
+        (recorded.epoch, state(&recorded).status.as_str()),
+        (1, "succeeded")
+    );
+    assert!(recorded.is_released());
+    // Controller B completes the same attempt from its earlier read.
+    let cx = h.context(&Budget::unlimited());
+    let job = h.job("twice").await;
+    let scope = JobScope::new(&cx, &job).unwrap();
+    let run = ActiveRun {
+        run_id: "twice-once".into(),
+        fire_time: None,
+        trigger: None,
+        backfill: None,
+    };
+    let pods = group_pods(&scope, h.job_pods("twice").await)
+        .remove("twice-once")
+        .unwrap_or_default();
+    let outcome = PodOutcome {
+        succeeded: true,
+        exit_code: Some(0),
+        reason: None,
+    };
+    let mut said = Announcements::default();
+    complete::complete(&scope, &run, &stale, &outcome, &pods, &mut said)
+        .await
+        .unwrap();
+    let after = h.lease("twice", "twice-once").await.unwrap();
+    assert_eq!(
+        (after.epoch, state(&after).status.as_str(), after.version),
+        (1, "succeeded", recorded.version),
+        "B wrote nothing"
+    );
+    h.cleanup().await;
+}
+
 /// A pod that has not started (unscheduled, pulling its image) cannot renew through its
 /// sidecar; the controller keeps its lease, so a slow start costs no attempt.
 #[tokio::test]

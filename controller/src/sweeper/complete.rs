@@ -4,6 +4,8 @@
 //! from the freshest stored state, so a cancel requested meanwhile is never erased. A pod of
 //! any epoch whose workload succeeded ends the run as `succeeded` (G2).
 
+use std::sync::Arc;
+
 use cojob::{Error as StoreError, LeaseInfo, LeaseOptions};
 use serde_json::Value;
 
@@ -28,8 +30,8 @@ pub async fn complete(
 ) -> Result<RunReport, SweepError> {
     let (max, now) = (scope.max_attempts(), now_str(scope));
     let outcome2 = outcome.clone();
-    let transition: Box<Transition> = Box::new(move |s| run::complete(s, &outcome2, max, &now));
-    let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
+    let transition: Arc<Transition> = Arc::new(move |s| run::complete(s, &outcome2, max, &now));
+    let Some((state, phase)) = record(scope, run, lease, transition).await? else {
         return Ok(active(Some(lease), None));
     };
     after_record(scope, run, lease, state, phase, pods, said).await
@@ -58,11 +60,11 @@ pub async fn fail_unstarted(
     why: Unstarted,
 ) -> Result<RunReport, SweepError> {
     let (max, now) = (scope.max_attempts(), now_str(scope));
-    let transition: Box<Transition> = match why {
-        Unstarted::TimedOut => Box::new(move |s| run::start_timed_out(s, max, &now)),
-        Unstarted::Rejected => Box::new(move |s| run::pod_rejected(s, max, &now)),
+    let transition: Arc<Transition> = match why {
+        Unstarted::TimedOut => Arc::new(move |s| run::start_timed_out(s, max, &now)),
+        Unstarted::Rejected => Arc::new(move |s| run::pod_rejected(s, max, &now)),
     };
-    let Some((state, phase)) = record(scope, run, lease, transition.as_ref()).await? else {
+    let Some((state, phase)) = record(scope, run, lease, transition).await? else {
         return Ok(active(Some(lease), None));
     };
     if why == Unstarted::TimedOut {
@@ -76,13 +78,16 @@ pub async fn fail_unstarted(
 /// Writes the transition's state and releases the lease, holding it with the attempt's
 /// holder, or, when the lease is not held by that holder (taken over for a result already, or
 /// written under another holder key) and expired or was released, by taking it over guarded by
-/// the attempt's `dispatch` marker (so a newer attempt is never overwritten).
+/// the attempt's `dispatch` marker (so a newer attempt is never overwritten) and by the
+/// transition itself on the freshest state: `lease` may be stale (another controller recorded
+/// the result and released since it was read), and a takeover that the transition would then
+/// refuse would only move the epoch of a finished run.
 /// `None`: someone else recorded the attempt first, or the transition refused.
 async fn record(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: &LeaseInfo,
-    transition: &Transition,
+    transition: Arc<Transition>,
 ) -> Result<Option<(Value, RunPhase)>, SweepError> {
     let db = &scope.cx.db;
     let key = scope.keys.lease(&run.run_id);
@@ -103,11 +108,13 @@ async fn record(
             let dispatch = RunState::parse(&lease.state)
                 .map_err(|r| foreign(&run.run_id, r))?
                 .dispatch;
+            let applies = transition.clone();
             let opts = LeaseOptions::new(cojob::new_holder(), scope.ttl()).state_fn(move |p| {
                 let p = p.cloned().unwrap_or(Value::Null);
                 if RunState::parse(&p)?.dispatch != dispatch {
                     return Err(Refusal::AlreadyDispatched.into());
                 }
+                applies(&p)?;
                 Ok(p)
             });
             match db.lease_from(&key, opts, Some(lease)).await {

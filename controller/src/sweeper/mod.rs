@@ -10,7 +10,9 @@
 //! - **complete** ([`complete`]): a pod ended, so record its outcome in the lease and release;
 //!   a success of any epoch ends the run (G2); a failure with attempts left is dispatched again;
 //! - **steal**: the lease is past its deadline plus the clock-skew allowance (pod deleted, node
-//!   lost, sidecar silent), so take a new epoch; its pod waits until the old one is stopped;
+//!   lost, sidecar silent), so take a new epoch; its pod waits until the old one is stopped.
+//!   A takeover decided on a cached copy of the attempt's pod is confirmed first on the API
+//!   server's copy: a watch that lags must not turn an ended workload into a respawn;
 //! - **fence** ([`pods`]): delete live pods whose epoch is older than the lease's, with a
 //!   one-second grace period;
 //! - **cancel** ([`cancel`]): for a deleted job or `Replace`.
@@ -180,8 +182,20 @@ pub async fn sync_run(
         pods::fence(scope, run, pods, l.epoch).await?;
     }
     let seen = observe(scope, run, lease.as_ref(), pods).await?;
-    let step =
+    let mut step =
         run::decide(lease.as_ref(), &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))?;
+    let confirmed;
+    let pods = match (&step, &lease) {
+        (Step::Steal, Some(l)) => match confirm_takeover(scope, run, l, pods).await? {
+            Some((fresh, again)) => {
+                step = again;
+                confirmed = fresh;
+                &confirmed
+            }
+            None => pods,
+        },
+        _ => pods,
+    };
     tracing::debug!(job = %scope.name, run = %run.run_id, ?step, "sweep");
     let current = lease.as_ref().and_then(|l| pods.get(&l.epoch));
     let report = match (step, &lease) {
@@ -243,6 +257,37 @@ pub async fn sync_run(
     };
     pods::release_settled(scope, pods, lease.as_ref(), &report).await?;
     Ok(report)
+}
+
+/// A takeover is decided on the pod cache, which may lag the API server (an overloaded
+/// watch), and costs a write, a fence and a new pod: before it, read the current attempt's
+/// pod fresh (one GET, only on this rare path). If the API server holds a newer copy (the
+/// workload ended, the pod succeeded), decide again on it and return the run's pods with it;
+/// `None` keeps the decision (the same copy, or the pod is gone, which a takeover is for).
+async fn confirm_takeover(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    pods: &RunPods,
+) -> Result<Option<(RunPods, Step)>, SweepError> {
+    let Some(cached) = pods.get(&lease.epoch) else {
+        return Ok(None); // `observe` has read its absence fresh already
+    };
+    let Some(fresh) = scope.pods.get_opt(&cached.name_any()).await? else {
+        return Ok(None);
+    };
+    if fresh.resource_version() == cached.resource_version() {
+        return Ok(None);
+    }
+    let mut refreshed = pods.clone();
+    refreshed.insert(lease.epoch, fresh);
+    let seen = observe(scope, run, Some(lease), &refreshed).await?;
+    let step =
+        run::decide(Some(lease), &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))?;
+    if step != Step::Steal {
+        tracing::info!(job = %scope.name, run = %run.run_id, epoch = lease.epoch, ?step, "the pod cache lagged; the attempt's pod, read fresh, needs no takeover");
+    }
+    Ok(Some((refreshed, step)))
 }
 
 /// The lease is past its deadline plus the skew allowance: take a new epoch (which fences the
