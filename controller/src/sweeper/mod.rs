@@ -169,6 +169,17 @@ async fn observe(
     })
 }
 
+/// The run's next step ([`run::decide`]) on what is observed of `pods`.
+async fn decide(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: Option<&LeaseInfo>,
+    pods: &RunPods,
+) -> Result<Step, SweepError> {
+    let seen = observe(scope, run, lease, pods).await?;
+    run::decide(lease, &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))
+}
+
 /// Drives one active run a step forward; what to tell the user goes to `said`.
 pub async fn sync_run(
     scope: &JobScope<'_>,
@@ -181,9 +192,7 @@ pub async fn sync_run(
     if let Some(l) = &lease {
         pods::fence(scope, run, pods, l.epoch).await?;
     }
-    let seen = observe(scope, run, lease.as_ref(), pods).await?;
-    let mut step =
-        run::decide(lease.as_ref(), &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))?;
+    let mut step = decide(scope, run, lease.as_ref(), pods).await?;
     let confirmed;
     let pods = match (&step, &lease) {
         (Step::Steal, Some(l)) => match confirm_takeover(scope, run, l, pods).await? {
@@ -281,9 +290,7 @@ async fn confirm_takeover(
     }
     let mut refreshed = pods.clone();
     refreshed.insert(lease.epoch, fresh);
-    let seen = observe(scope, run, Some(lease), &refreshed).await?;
-    let step =
-        run::decide(Some(lease), &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))?;
+    let step = decide(scope, run, Some(lease), &refreshed).await?;
     if step != Step::Steal {
         tracing::info!(job = %scope.name, run = %run.run_id, epoch = lease.epoch, ?step, "the pod cache lagged; the attempt's pod, read fresh, needs no takeover");
     }
