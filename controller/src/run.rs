@@ -107,6 +107,36 @@ pub struct RunState {
     /// Set by a cooperative write to ask the run to stop.
     #[serde(default)]
     pub cancel_requested: bool,
+    /// The epoch whose sidecar was told to stop, written with its last renewal
+    /// ([`mark_stopping`]). The kubelet stops a native sidecar only after the pod's main
+    /// containers ended, so that attempt's workload is over and its pod's end is on its way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping_epoch: Option<u64>,
+}
+
+/// The state key of [`RunState::stopping_epoch`].
+pub const STOPPING_EPOCH: &str = "stopping_epoch";
+
+/// `state` with [`RunState::stopping_epoch`] set to `epoch`: what a sidecar writes with its
+/// last renewal when the kubelet stops it.
+///
+/// ```
+/// use cojob_controller::run::{clear_stopping, mark_stopping};
+/// use serde_json::json;
+/// let s = mark_stopping(&json!({"status": "running"}), 2);
+/// assert_eq!(s, json!({"status": "running", "stopping_epoch": 2}));
+/// assert_eq!(clear_stopping(s), json!({"status": "running"}));
+/// ```
+pub fn mark_stopping(state: &Value, epoch: u64) -> Value {
+    cojob::lease::merge(state, json!({ STOPPING_EPOCH: epoch }))
+}
+
+/// `state` without [`RunState::stopping_epoch`]: a sidecar that (re)attaches is not stopping.
+pub fn clear_stopping(mut state: Value) -> Value {
+    if let Some(fields) = state.as_object_mut() {
+        fields.remove(STOPPING_EPOCH);
+    }
+    state
 }
 
 impl RunState {
@@ -530,6 +560,10 @@ pub fn decide(
         PodView::Live if state.never_started() && timing.start_overdue(&state) => {
             Ok(Step::StartTimedOut)
         }
+        // Its sidecar was stopped, which the kubelet does only once the workload's containers
+        // ended: the pod's end is late (a busy kubelet), not lost. A takeover would wait for
+        // this pod to stop anyway (G3); wait for its end instead, and record it.
+        PodView::Live if state.stopping_epoch == Some(lease.epoch) => Ok(Step::Wait),
         _ if timing.lease_expired(lease) => Ok(Step::Steal),
         PodView::Live => Ok(Step::Wait),
         // Only an attempt whose pod never started may have its pod created again, and only
@@ -786,6 +820,27 @@ mod tests {
         assert_eq!(
             decide(Some(&expired), &seen(ended.clone()), &t),
             Ok(Step::Complete(failed(1)))
+        );
+        // A stopped sidecar's workload has ended: its pod's late end is waited for, not taken
+        // over. A mark of an older epoch does not count.
+        let stopping = lease(mark_stopping(&running, 2), Some("h"), -5);
+        assert_eq!(
+            decide(Some(&stopping), &seen(PodView::Live), &t),
+            Ok(Step::Wait)
+        );
+        assert_eq!(
+            decide(Some(&stopping), &seen(PodView::Absent), &t),
+            Ok(Step::Steal),
+            "a stopped attempt whose pod is gone is taken over"
+        );
+        assert_eq!(
+            decide(Some(&stopping), &seen(ended.clone()), &t),
+            Ok(Step::Complete(failed(1)))
+        );
+        let stopped_before = lease(mark_stopping(&running, 1), Some("h"), -5);
+        assert_eq!(
+            decide(Some(&stopped_before), &seen(PodView::Live), &t),
+            Ok(Step::Steal)
         );
         // A success of any epoch ends the run, even when the lease moved on (G2).
         let older_ok = Observed {

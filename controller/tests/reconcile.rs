@@ -251,6 +251,55 @@ async fn a_lagging_pod_cache_does_not_turn_an_ended_attempt_into_a_takeover() {
     h.cleanup().await;
 }
 
+/// Under load the kubelet reports a pod's end late: the sidecar was stopped (so the workload
+/// ended) and its last renewal ran out while the API server still says the pod runs. The
+/// attempt is not taken over; its end is waited for and recorded at its own epoch.
+#[tokio::test]
+async fn a_stopped_sidecar_whose_pod_ends_late_is_not_taken_over() {
+    let h = Harness::new("it-late").await;
+    h.create_job(
+        "late",
+        json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    h.settle("late", 1).await;
+    h.start_pod("late-once-1").await;
+    h.sidecar_started("late", "late-once").await;
+    h.sidecar_stopped("late", "late-once").await;
+    // Past the last renewal's deadline and the skew allowance; the pod still shows Running.
+    h.advance(Duration::from_secs(36));
+    assert!(
+        h.lease("late", "late-once")
+            .await
+            .unwrap()
+            .is_expired_at(h.now())
+    );
+    h.settle("late", 2).await;
+    let lease = h.lease("late", "late-once").await.unwrap();
+    let st = state(&lease);
+    assert_eq!(
+        (lease.epoch, st.attempt, st.status.as_str()),
+        (1, 1, "running"),
+        "waiting for the pod's end, not taken over"
+    );
+    assert!(
+        !h.pod_exists("late-once-2").await,
+        "no second attempt's pod"
+    );
+    // The kubelet's report arrives.
+    h.finish_pod("late-once-1", 0).await;
+    h.settle("late", 1).await;
+    let lease = h.lease("late", "late-once").await.unwrap();
+    let st = state(&lease);
+    assert_eq!(
+        (lease.epoch, st.attempt, st.status.as_str()),
+        (1, 1, "succeeded")
+    );
+    let reasons = h.event_reasons("late").await;
+    assert!(!reasons.iter().any(|r| r == "LeaseLost"), "{reasons:?}");
+    h.cleanup().await;
+}
+
 /// Two controllers complete the same ended attempt after its lease ran out. The one whose
 /// read of the lease predates the other's record must not take a new epoch over the finished
 /// run: the result stays recorded at the attempt's own epoch (G2), with no extra write.

@@ -213,6 +213,24 @@ async fn exits_zero_on_sigterm_without_releasing() {
         cojob::holder_digest(&holder).as_str(),
         "the controller releases, not the sidecar"
     );
+    assert_eq!(
+        doc["state"][cojob_controller::run::STOPPING_EPOCH],
+        doc["epoch"],
+        "its last renewal marks its epoch stopping"
+    );
+    // A sidecar of the same epoch that attaches again (a restart) is not stopping.
+    let mut again = spawn(&r, key, &holder);
+    until("attached again", Duration::from_secs(10), async || {
+        lease_doc(&r.db, key)
+            .await
+            .get("state")
+            .is_some_and(|s| s.get(cojob_controller::run::STOPPING_EPOCH).is_none())
+    })
+    .await;
+    let _ = Command::new("kill")
+        .args(["-TERM", &again.id().to_string()])
+        .status();
+    assert_eq!(wait_exit(&mut again, Duration::from_secs(5)), 0);
 }
 
 #[tokio::test]

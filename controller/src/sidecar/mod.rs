@@ -24,8 +24,10 @@
 //! sidecar (a restart) is removed first, and names its writer's process, so the start gate
 //! waits for this one.
 //!
-//! On SIGTERM (the kubelet stops native sidecars after the workload ends) it exits 0 without
-//! releasing: the controller releases the lease with the pod's final state.
+//! On SIGTERM (the kubelet stops native sidecars after the workload ends) it renews once more,
+//! marking its epoch stopping ([`crate::run::mark_stopping`]), and exits 0 without releasing:
+//! the controller releases the lease with the pod's final state, and waits for that state
+//! rather than take over an attempt whose sidecar was stopped.
 
 pub mod api;
 
@@ -250,10 +252,10 @@ pub async fn run(
             {
                 return Err(OtherPodStarted(recorded.to_owned()).into());
             }
-            Ok(cojob::lease::merge(
+            Ok(crate::run::clear_stopping(cojob::lease::merge(
                 s,
                 json!({"status": "running", "pod": pod, "node": node, "pod_uid": uid, "started_at": started}),
-            ))
+            )))
         })
         .await;
     let mut renewed_ms = match &first {
@@ -349,9 +351,18 @@ pub async fn run(
         }
         tokio::select! {
             () = &mut shutdown => {
-                // One last renewal gives the controller a full ttl to see the pod end and
-                // release with its result, instead of finding the lease expired.
-                if let Err(e) = lease.lock().await.renew().await {
+                // The kubelet stops a native sidecar only once the pod's main containers
+                // ended. One last renewal gives the controller a full ttl to see the pod end
+                // and release with its result, and marks the attempt stopping: if the pod's
+                // end reaches the controller later still (a busy kubelet), it waits for it
+                // instead of taking the run over.
+                let epoch = args.epoch;
+                let last = lease
+                    .lock()
+                    .await
+                    .renew_with(|s| Ok(crate::run::mark_stopping(s, epoch)))
+                    .await;
+                if let Err(e) = last {
                     tracing::warn!(key = args.lease_key, error = %e, "last renewal failed");
                 }
                 tracing::info!("stopping on signal; the controller releases the lease");

@@ -499,6 +499,25 @@ impl Harness {
             .expect("record the start");
     }
 
+    /// As the sidecar does when the kubelet stops it (after the workload's containers ended):
+    /// one last renewal that marks its epoch stopping.
+    pub async fn sidecar_stopped(&self, name: &str, run_id: &str) {
+        let key = self.keys(name).await.lease(run_id);
+        let epoch = self.lease(name, run_id).await.expect("a lease").epoch;
+        let holder = self.derived_holder(name, run_id, epoch).await;
+        let ttl = self.job(name).await.spec.lease.ttl_seconds.max(1);
+        let mut lease = self
+            .db
+            .attach_lease(&key, &holder, Duration::from_secs(ttl.unsigned_abs()))
+            .await
+            .expect("attach")
+            .expect("the epoch's lease, held and not expired");
+        lease
+            .renew_with(|s| Ok(cojob_controller::run::mark_stopping(s, epoch)))
+            .await
+            .expect("the last renewal");
+    }
+
     /// Deletes a pod as a user would (`kubectl delete pod`); the pod stays while it has
     /// finalizers.
     pub async fn delete_pod(&self, pod: &str) {
