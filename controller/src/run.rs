@@ -517,7 +517,7 @@ pub enum Step {
     /// No lease yet, or released between attempts: acquire a new epoch and spawn its pod.
     Dispatch,
     /// The run is over; nothing is ever spawned again.
-    Finished(RunState),
+    Finished(Box<RunState>),
     /// Held and its pod lives, or the pod waits for an older one to stop: nothing to do but
     /// keep a pending attempt's lease alive.
     Wait,
@@ -545,7 +545,7 @@ pub fn decide(
     };
     let state = RunState::parse(&lease.state)?;
     if state.status.is_terminal() {
-        return Ok(Step::Finished(state));
+        return Ok(Step::Finished(Box::new(state)));
     }
     if let Some(ok) = &seen.succeeded {
         return Ok(Step::Complete(ok.clone()));
@@ -871,10 +871,7 @@ mod tests {
         );
         assert!(matches!(
             decide(Some(&done), &older_ok, &t),
-            Ok(Step::Finished(RunState {
-                status: RunPhase::Succeeded,
-                ..
-            }))
+            Ok(Step::Finished(s)) if s.status == RunPhase::Succeeded
         ));
         assert!(decide(Some(&lease(json!(42), None, 0)), &seen(PodView::Absent), &t).is_err());
     }
