@@ -468,10 +468,9 @@ impl Harness {
             .unwrap_or_else(|e| panic!("bind pod {pod}: {e}"));
     }
 
-    /// Plays the sidecar: records in the run's lease that the attempt's workload started.
-    pub async fn sidecar_started(&self, name: &str, run_id: &str) {
-        // As the sidecar does: attach with the epoch's holder and renew (the deadline becomes
-        // its ttl from now), then record the start.
+    /// Attaches to the run's lease as the current attempt's sidecar does: with the epoch's
+    /// derived holder and the job's ttl. Returns the lease and its epoch.
+    async fn attach_as_sidecar(&self, name: &str, run_id: &str) -> (cojob::Lease, u64) {
         let key = self.keys(name).await.lease(run_id);
         let epoch = self.lease(name, run_id).await.expect("a lease").epoch;
         let holder = self.derived_holder(name, run_id, epoch).await;
@@ -483,12 +482,20 @@ impl Harness {
             .ttl_seconds
             .max(1)
             .unsigned_abs();
-        let mut lease = self
+        let lease = self
             .db
             .attach_lease(&key, &holder, Duration::from_secs(ttl))
             .await
             .expect("attach")
             .expect("the epoch's lease, held and not expired");
+        (lease, epoch)
+    }
+
+    /// Plays the sidecar: records in the run's lease that the attempt's workload started.
+    pub async fn sidecar_started(&self, name: &str, run_id: &str) {
+        // As the sidecar does: attach and renew (the deadline becomes its ttl from now), then
+        // record the start.
+        let (mut lease, _) = self.attach_as_sidecar(name, run_id).await;
         lease.renew().await.expect("renew");
         let now = cojob::json::format_time(self.now());
         lease
@@ -502,16 +509,7 @@ impl Harness {
     /// As the sidecar does when the kubelet stops it (after the workload's containers ended):
     /// one last renewal that marks its epoch stopping.
     pub async fn sidecar_stopped(&self, name: &str, run_id: &str) {
-        let key = self.keys(name).await.lease(run_id);
-        let epoch = self.lease(name, run_id).await.expect("a lease").epoch;
-        let holder = self.derived_holder(name, run_id, epoch).await;
-        let ttl = self.job(name).await.spec.lease.ttl_seconds.max(1);
-        let mut lease = self
-            .db
-            .attach_lease(&key, &holder, Duration::from_secs(ttl.unsigned_abs()))
-            .await
-            .expect("attach")
-            .expect("the epoch's lease, held and not expired");
+        let (mut lease, epoch) = self.attach_as_sidecar(name, run_id).await;
         lease
             .renew_with(|s| Ok(cojob_controller::run::mark_stopping(s, epoch)))
             .await
