@@ -154,10 +154,11 @@ pub struct CoordinatedJobSpec {
 
     /// The pod to run: a Kubernetes `PodTemplateSpec` (see `kubectl explain pod.spec` for
     /// its fields, whose descriptions this CRD leaves out to stay small).
+    // Kept encoded in memory (`crate::template`); the schema is PodTemplateSpec's.
     #[schemars(schema_with = "pod_template_schema")]
     #[x_kube(validation = Rule::new("has(self.spec) && has(self.spec.containers) && size(self.spec.containers) > 0")
         .message("template must have at least one container"))]
-    pub template: PodTemplateSpec,
+    pub template: crate::template::PodTemplate,
 }
 
 fn default_max_attempts() -> i32 {

@@ -30,5 +30,6 @@ pub mod schedule;
 pub mod sidecar;
 pub mod skew;
 pub mod sweeper;
+pub mod template;
 pub mod workload;
 pub mod wrap;

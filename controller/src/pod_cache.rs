@@ -12,8 +12,10 @@
 //! jobs it holds tens of thousands of finished pods (each job's history), and a whole pod
 //! object (its spec, the sidecar's, conditions, images) is most of the controller's memory. A
 //! decoded `Pod`, even trimmed, keeps room for every field the API defines; the encoded copy
-//! takes a fraction of it (`cargo bench -p cojob-controller --bench pod_cache`), and a pass
-//! decodes only its own job's pods.
+//! takes a fraction of it (`cargo bench -p cojob-controller --bench memory`), and a pass
+//! decodes only its own job's pods. Most cached pods are a history's: ended, their outcome
+//! recorded and their result finalizer released. Of those the cache keeps less still
+//! ([`settle`]): what tells their run, their owner and how they ended.
 //!
 //! A cache may lag the API server by the watch's latency. Reconcile relies on it only where a
 //! lag delays a step and never breaks a guarantee; the decisions that need the truth read it
@@ -43,7 +45,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
-use k8s_openapi::api::core::v1::{Container, ContainerStatus, EnvVar, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateTerminated, ContainerStatus, EnvVar, Pod, PodSpec,
+    PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::watcher::Event;
 
@@ -64,7 +70,11 @@ enum Kept {
 
 impl Kept {
     fn new(pod: &Pod) -> Kept {
-        let kept = trim(pod);
+        let kept = if is_settled(pod) {
+            settle(pod)
+        } else {
+            trim(pod)
+        };
         match serde_json::to_vec(&kept) {
             Ok(bytes) => Kept::Encoded(bytes.into_boxed_slice()),
             Err(e) => {
@@ -320,6 +330,116 @@ pub fn trim(pod: &Pod) -> Pod {
     }
 }
 
+/// True when nothing more happens to `pod` that reconcile acts on but its deletion: it ended
+/// (`Succeeded` or `Failed`, phases a pod never leaves) and its result finalizer is released,
+/// which the controller does only once the outcome is recorded (or was never needed).
+///
+/// ```
+/// use cojob_controller::pod_cache::is_settled;
+/// use k8s_openapi::api::core::v1::Pod;
+/// let pod = |phase: &str, finalizers: &[&str]| -> Pod {
+///     serde_json::from_value(serde_json::json!({
+///         "metadata": {"name": "r-1", "finalizers": finalizers}, "status": {"phase": phase}
+///     })).unwrap()
+/// };
+/// assert!(is_settled(&pod("Succeeded", &[])));
+/// assert!(is_settled(&pod("Failed", &["example.com/other"])));
+/// assert!(!is_settled(&pod("Succeeded", &["cojob.dev/run-result"])), "outcome not recorded yet");
+/// assert!(!is_settled(&pod("Running", &[])));
+/// ```
+pub fn is_settled(pod: &Pod) -> bool {
+    let ended = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    ended && !crate::sweeper::pods::has_result_finalizer(pod)
+}
+
+/// What the cache keeps of a settled pod ([`is_settled`]), less than [`trim`]: its name,
+/// namespace, UID, labels (its job, run and epoch, and any of the template's), owners and
+/// finalizers, the time its deletion was asked, and how it ended: the phase, the reason and
+/// the one exit code [`crate::sweeper::pod_view`] reports. No spec, no resource version, no
+/// times but the deletion's: reconcile reads none of them of an ended pod (a finalizer is
+/// released by resource version only while it is held, so never from a settled pod).
+///
+/// ```
+/// use cojob_controller::pod_cache::{settle, trim};
+/// use cojob_controller::sweeper::pod_view;
+/// use k8s_openapi::api::core::v1::Pod;
+/// let pod: Pod = serde_json::from_value(serde_json::json!({
+///     "metadata": {"name": "r-1", "uid": "u", "resourceVersion": "9",
+///         "creationTimestamp": "2026-12-03T18:00:00Z", "labels": {"cojob.dev/epoch": "1"}},
+///     "spec": {"nodeName": "n", "containers": [{"name": "main", "image": "busybox"}]},
+///     "status": {"phase": "Failed", "containerStatuses": [
+///         {"name": "a", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+///          "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+///             "startedAt": "2026-12-03T18:00:01Z", "finishedAt": "2026-12-03T18:00:09Z"}}},
+///         {"name": "b", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+///          "state": {"terminated": {"exitCode": 3}}}]}
+/// })).unwrap();
+/// let kept = settle(&pod);
+/// assert_eq!(pod_view(Some(&kept)), pod_view(Some(&pod)));
+/// assert_eq!(kept.metadata.labels, pod.metadata.labels);
+/// assert!(kept.spec.is_none() && kept.metadata.resource_version.is_none());
+/// let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+/// assert!(size(&kept) < size(&trim(&pod)));
+/// ```
+pub fn settle(pod: &Pod) -> Pod {
+    let meta = &pod.metadata;
+    let status = pod.status.as_ref();
+    // The code `pod_view` reports: the first non-zero one, else the first.
+    let codes = || {
+        status
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+    };
+    let deciding = codes()
+        .find(|c| {
+            c.state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.exit_code != 0)
+        })
+        .or_else(|| codes().next())
+        .map(|c| ContainerStatus {
+            name: c.name.clone(),
+            state: Some(ContainerState {
+                terminated: c
+                    .state
+                    .as_ref()
+                    .and_then(|s| s.terminated.as_ref())
+                    .map(|t| ContainerStateTerminated {
+                        exit_code: t.exit_code,
+                        ..ContainerStateTerminated::default()
+                    }),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        });
+    Pod {
+        metadata: ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            uid: meta.uid.clone(),
+            labels: meta.labels.clone(),
+            owner_references: meta.owner_references.clone(),
+            finalizers: meta.finalizers.clone().filter(|f| !f.is_empty()),
+            deletion_timestamp: meta.deletion_timestamp.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: status.map(|s| PodStatus {
+            phase: s.phase.clone(),
+            reason: s.reason.clone(),
+            container_statuses: deciding.map(|c| vec![c]),
+            ..PodStatus::default()
+        }),
+    }
+}
+
 fn job_key(pod: &Pod) -> Option<JobKey> {
     let job = pod.labels().get(LABEL_JOB)?;
     Some((pod.namespace().unwrap_or_default(), job.clone()))
@@ -438,6 +558,86 @@ mod tests {
         // Kept encoded, served decoded: exactly the trimmed pod.
         assert_eq!(served, [trim(&full_pod(false, "Running"))]);
         assert!(cache.encoded_bytes() > 0);
+    }
+
+    /// `full_pod` after its outcome was recorded: the result finalizer released.
+    fn settled_pod(phase: &str) -> Pod {
+        let mut pod = full_pod(false, phase);
+        pod.metadata.finalizers = Some(vec![]);
+        pod.metadata.resource_version = Some("43".into());
+        pod
+    }
+
+    #[test]
+    fn a_settled_pod_is_kept_smaller_and_answers_the_same() {
+        use crate::sweeper::pods::{has_result_finalizer, is_live, pod_view};
+        for phase in ["Succeeded", "Failed"] {
+            let full = settled_pod(phase);
+            assert!(is_settled(&full));
+            let kept = settle(&full);
+            assert_eq!(pod_view(Some(&kept)), pod_view(Some(&full)), "{phase}");
+            assert!(!is_live(&kept) && !has_result_finalizer(&kept));
+            assert_eq!(kept.name_any(), full.name_any());
+            assert_eq!(kept.uid(), full.uid());
+            assert_eq!(kept.metadata.labels, full.metadata.labels);
+            assert_eq!(
+                kept.metadata.owner_references,
+                full.metadata.owner_references
+            );
+            // Nothing reconcile acts on changed: keeping the stub is no cue.
+            assert!(!crate::cues::pod_wakes(Some(&kept), &full));
+            assert!(!crate::cues::deletion_wakes(Some(&kept)));
+            let size = |p: &Pod| serde_json::to_vec(p).unwrap().len();
+            assert!(
+                size(&kept) * 3 < size(&trim(&full)) * 2,
+                "{} bytes settled against {} trimmed",
+                size(&kept),
+                size(&trim(&full))
+            );
+        }
+        // A pod that still holds the result finalizer, or runs, is trimmed only.
+        assert!(!is_settled(&full_pod(false, "Succeeded")));
+        assert!(!is_settled(&settled_pod("Running")));
+        // The exit code `pod_view` reports is the first non-zero one, kept as the only status.
+        let mut two = settled_pod("Failed");
+        let statuses = two
+            .status
+            .as_mut()
+            .unwrap()
+            .container_statuses
+            .as_mut()
+            .unwrap();
+        let mut first = statuses[0].clone();
+        first.name = "first".into();
+        first
+            .state
+            .as_mut()
+            .unwrap()
+            .terminated
+            .as_mut()
+            .unwrap()
+            .exit_code = 0;
+        statuses.insert(0, first);
+        let kept = settle(&two);
+        assert_eq!(pod_view(Some(&kept)), pod_view(Some(&two)));
+        assert_eq!(kept.status.unwrap().container_statuses.unwrap().len(), 1);
+
+        // The cache serves a settled pod as its stub, and a pod deleted while it held the
+        // finalizer keeps its deletion time once settled.
+        let cache = PodCache::default();
+        cache.apply(&Event::Init);
+        cache.apply(&Event::InitApply(full_pod(false, "Succeeded")));
+        cache.apply(&Event::InitDone);
+        let mut released = settled_pod("Succeeded");
+        released.metadata.deletion_timestamp =
+            Some(serde_json::from_value(serde_json::json!("2026-12-03T18:01:00Z")).unwrap());
+        assert!(
+            !cache.apply(&Event::Apply(released.clone())),
+            "a released finalizer is no cue"
+        );
+        let served = cache.job_pods("a", "nightly").unwrap();
+        assert_eq!(served, [settle(&released)]);
+        assert!(served[0].metadata.deletion_timestamp.is_some());
     }
 
     #[test]

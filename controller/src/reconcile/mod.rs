@@ -296,7 +296,11 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
         report_not_ready(&scope, "InvalidSpec", &why).await?;
         return Ok(Action::await_change());
     }
-    if let Some(why) = crate::pod::reserved_conflict(&job.spec.template) {
+    let conflict = match job.spec.template.decode() {
+        Ok(template) => crate::pod::reserved_conflict(&template),
+        Err(e) => Some(format!("template: cannot be read back: {e}")),
+    };
+    if let Some(why) = conflict {
         report_not_ready(&scope, "InvalidSpec", &why).await?;
         return Ok(Action::await_change());
     }

@@ -221,8 +221,14 @@ pub async fn spawn(
         ttl_seconds: scope.job.spec.lease.ttl_seconds,
         credentials_secret: settings.sidecar_credentials_secret.clone(),
     };
+    let template = scope
+        .job
+        .spec
+        .template
+        .decode()
+        .map_err(|e| SweepError::Template(e.to_string()))?;
     let pod = crate::pod::build_pod(
-        &scope.job.spec.template,
+        &template,
         &scope.namespace,
         scope.owner(),
         &scope.name,

@@ -78,6 +78,10 @@ pub enum SweepError {
         /// The API server's message.
         message: String,
     },
+    /// The job's pod template cannot be read back ([`crate::template`]); reconcile reports it
+    /// before any run is swept, so this is only a change of the object in between.
+    #[error("the pod template cannot be read back: {0}")]
+    Template(String),
     /// The attempt's short-lived store credentials could not be minted.
     #[error("run {run_id}: {source}")]
     Credentials {
