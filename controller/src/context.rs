@@ -74,6 +74,8 @@ pub struct Context {
     pub db: cojob::Db,
     /// Publishes Events.
     pub recorder: Recorder,
+    /// Publishes the Events about one run, which never repeat, without the Recorder's cache.
+    pub run_events: crate::announce::RunEvents,
     /// The settings.
     pub settings: Settings,
     /// The metrics.
@@ -187,14 +189,31 @@ impl<'a> JobScope<'a> {
         u32::try_from(self.job.spec.max_attempts.max(1)).unwrap_or(1)
     }
 
-    /// Publishes an Event about the job; a failure to publish is logged, never fatal.
+    /// Publishes an Event about the job's state (a condition's cause, a warning that holds
+    /// while its cause does) through kube-runtime's Recorder, which folds its repeats within
+    /// 6 minutes into one series; a failure to publish is logged, never fatal.
     pub async fn event(&self, type_: EventType, reason: &str, note: String) {
-        self.run_event(type_, reason, note, None).await;
+        self.publish(type_, reason, note, None, false).await;
     }
 
-    /// Publishes an Event about the job that concerns one pod (its `related` object), so that
-    /// the events of different runs are not merged into one series.
+    /// Publishes what a pass announced ([`crate::announce`]): an Event about the job that
+    /// concerns one pod (its `related` object) if `pod` is given. A run's step (it names its
+    /// pod) or a decision (a `Normal` announcement) happens once, so it is created as its own
+    /// Event ([`crate::announce::RunEvents`]); a warning without a pod may hold for many
+    /// passes (an invalid annotation), and goes through the Recorder to become a series.
     pub async fn run_event(&self, type_: EventType, reason: &str, note: String, pod: Option<&str>) {
+        let once = pod.is_some() || type_ == EventType::Normal;
+        self.publish(type_, reason, note, pod, once).await;
+    }
+
+    async fn publish(
+        &self,
+        type_: EventType,
+        reason: &str,
+        note: String,
+        pod: Option<&str>,
+        once: bool,
+    ) {
         let secondary = pod.map(|name| ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
@@ -209,12 +228,13 @@ impl<'a> JobScope<'a> {
             action: reason.into(),
             secondary,
         };
-        if let Err(e) = self
-            .cx
-            .recorder
-            .publish(&ev, &self.job.object_ref(&()))
-            .await
-        {
+        let regarding = self.job.object_ref(&());
+        let published = if once {
+            self.cx.run_events.publish(&ev, &regarding).await
+        } else {
+            self.cx.recorder.publish(&ev, &regarding).await
+        };
+        if let Err(e) = published {
             tracing::warn!(job = %self.name, namespace = %self.namespace, reason, error = %e, "could not publish an event");
         }
     }

@@ -105,6 +105,33 @@ async fn a_one_shot_run_is_dispatched_once_and_released_on_success() {
     for r in ["RunDispatched", "RunSucceeded"] {
         assert!(reasons.iter().any(|x| x == r), "{r} in {reasons:?}");
     }
+    // A run's Events are created whole, without kube-runtime's Recorder: about the job,
+    // related to the run's pod, from this controller, each its own object.
+    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+        kube::Api::namespaced(h.client.clone(), &h.ns);
+    let dispatched: Vec<_> = events
+        .list(&kube::api::ListParams::default().fields("regarding.name=once"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("RunDispatched"))
+        .collect();
+    assert_eq!(dispatched.len(), 1, "{dispatched:?}");
+    let e = &dispatched[0];
+    assert_eq!(
+        e.related.as_ref().and_then(|r| r.name.as_deref()),
+        Some("once-once-1")
+    );
+    assert_eq!(
+        e.regarding.as_ref().and_then(|r| r.kind.as_deref()),
+        Some("CoordinatedJob")
+    );
+    assert_eq!(e.reporting_controller.as_deref(), Some("cojob-controller"));
+    assert_eq!(e.reporting_instance.as_deref(), Some("integration"));
+    assert_eq!(e.type_.as_deref(), Some("Normal"));
+    assert!(e.event_time.is_some() && e.series.is_none());
+    assert!(e.note.as_deref().is_some_and(|n| n.contains("once-once")));
     assert_eq!(
         h.decisions("once").await,
         [("once".to_string(), Decision::RunId("once-once".into()))]

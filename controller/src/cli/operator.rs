@@ -312,6 +312,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;
     let cx = Arc::new(Context {
+        run_events: crate::announce::RunEvents::new(client.clone(), reporter.clone()),
         recorder: Recorder::new(client.clone(), reporter),
         skipped: Default::default(),
         renewals: Default::default(),

@@ -251,6 +251,10 @@ impl Harness {
         tune(&mut settings);
         let metrics = Arc::new(cojob_controller::metrics::Metrics::new(db.store().clone()));
         Arc::new(Context {
+            run_events: cojob_controller::announce::RunEvents::new(
+                client.clone(),
+                reporter.clone(),
+            ),
             recorder: Recorder::new(client.clone(), reporter),
             skipped: Default::default(),
             renewals: Default::default(),
