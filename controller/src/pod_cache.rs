@@ -388,37 +388,18 @@ pub fn is_settled(pod: &Pod) -> bool {
 pub fn settle(pod: &Pod) -> Pod {
     let meta = &pod.metadata;
     let status = pod.status.as_ref();
-    // The code `pod_view` reports: the first non-zero one, else the first.
-    let codes = || {
-        status
-            .and_then(|s| s.container_statuses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
-    };
-    let deciding = codes()
-        .find(|c| {
-            c.state
-                .as_ref()
-                .and_then(|s| s.terminated.as_ref())
-                .is_some_and(|t| t.exit_code != 0)
-        })
-        .or_else(|| codes().next())
-        .map(|c| ContainerStatus {
-            name: c.name.clone(),
-            state: Some(ContainerState {
-                terminated: c
-                    .state
-                    .as_ref()
-                    .and_then(|s| s.terminated.as_ref())
-                    .map(|t| ContainerStateTerminated {
-                        exit_code: t.exit_code,
-                        ..ContainerStateTerminated::default()
-                    }),
-                ..ContainerState::default()
+    // The container whose code `pod_view` reports, and only its code.
+    let deciding = crate::sweeper::pods::deciding_container(pod).map(|c| ContainerStatus {
+        name: c.name.clone(),
+        state: Some(ContainerState {
+            terminated: crate::sweeper::pods::terminated(c).map(|t| ContainerStateTerminated {
+                exit_code: t.exit_code,
+                ..ContainerStateTerminated::default()
             }),
-            ..ContainerStatus::default()
-        });
+            ..ContainerState::default()
+        }),
+        ..ContainerStatus::default()
+    });
     Pod {
         metadata: ObjectMeta {
             name: meta.name.clone(),

@@ -2,7 +2,7 @@
 //! it can still run, stopping it, and releasing its result finalizer once its outcome is in the
 //! bucket.
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, ContainerStatus, Pod};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PropagationPolicy};
 use serde_json::json;
@@ -30,22 +30,34 @@ pub fn pod_view(pod: Option<&Pod>) -> PodView {
         }
         return PodView::Live;
     }
-    let codes: Vec<i32> = status
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.state.as_ref()?.terminated.as_ref().map(|t| t.exit_code))
-        .collect();
-    let exit_code = codes
-        .iter()
-        .copied()
-        .find(|c| *c != 0)
-        .or(codes.first().copied());
     PodView::Ended(PodOutcome {
         succeeded: phase == "Succeeded",
-        exit_code,
+        exit_code: deciding_container(pod)
+            .and_then(terminated)
+            .map(|t| t.exit_code),
         reason: status.and_then(|s| s.reason.clone()),
     })
+}
+
+/// The container whose exit code tells how `pod` ended ([`pod_view`]): the first that
+/// terminated with a non-zero code, else the first that terminated.
+pub fn deciding_container(pod: &Pod) -> Option<&ContainerStatus> {
+    let ended = || {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|c| terminated(c).is_some())
+    };
+    ended()
+        .find(|c| terminated(c).is_some_and(|t| t.exit_code != 0))
+        .or_else(|| ended().next())
+}
+
+/// How `container` terminated, if it did.
+pub fn terminated(container: &ContainerStatus) -> Option<&ContainerStateTerminated> {
+    container.state.as_ref()?.terminated.as_ref()
 }
 
 /// True when the pod may still run something.
