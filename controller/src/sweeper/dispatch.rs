@@ -226,7 +226,7 @@ pub async fn spawn(
         .spec
         .template
         .decode()
-        .map_err(|e| SweepError::Template(e.to_string()))?;
+        .map_err(SweepError::Template)?;
     let pod = crate::pod::build_pod(
         &template,
         &scope.namespace,

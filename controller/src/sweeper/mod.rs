@@ -81,7 +81,7 @@ pub enum SweepError {
     /// The job's pod template cannot be read back ([`crate::template`]); reconcile reports it
     /// before any run is swept, so this is only a change of the object in between.
     #[error("the pod template cannot be read back: {0}")]
-    Template(String),
+    Template(#[source] serde_json::Error),
     /// The attempt's short-lived store credentials could not be minted.
     #[error("run {run_id}: {source}")]
     Credentials {
