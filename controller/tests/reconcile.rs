@@ -107,16 +107,7 @@ async fn a_one_shot_run_is_dispatched_once_and_released_on_success() {
     }
     // A run's Events are created whole, without kube-runtime's Recorder: about the job,
     // related to the run's pod, from this controller, each its own object.
-    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
-        kube::Api::namespaced(h.client.clone(), &h.ns);
-    let dispatched: Vec<_> = events
-        .list(&kube::api::ListParams::default().fields("regarding.name=once"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("RunDispatched"))
-        .collect();
+    let dispatched = h.events_with_reason("once", "RunDispatched").await;
     assert_eq!(dispatched.len(), 1, "{dispatched:?}");
     let e = &dispatched[0];
     assert_eq!(
@@ -549,16 +540,7 @@ async fn skipped_ticks_are_announced_once_per_interval_not_once_per_tick() {
     assert_eq!(status(&h.job("busy").await).counters.skipped, 3);
     // One publication: one Event object, not a series (kube's recorder would fold repeated
     // publications into one object and count them in `series`).
-    let events: kube::Api<k8s_openapi::api::events::v1::Event> =
-        kube::Api::namespaced(h.client.clone(), &h.ns);
-    let skips: Vec<_> = events
-        .list(&kube::api::ListParams::default().fields("regarding.name=busy"))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("RunSkipped"))
-        .collect();
+    let skips = h.events_with_reason("busy", "RunSkipped").await;
     assert_eq!(skips.len(), 1, "{skips:?}");
     assert!(
         skips[0].series.is_none(),

@@ -555,15 +555,24 @@ impl Harness {
         panic!("pod {pod} was not deleted");
     }
 
-    /// The reasons of the Events about the job, in no particular order.
-    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+    /// The Events about the job, in no particular order.
+    pub async fn events(&self, name: &str) -> Vec<Event> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
         let lp = ListParams::default().fields(&format!("regarding.name={name}"));
+        events.list(&lp).await.expect("list events").items
+    }
+
+    /// The Events about the job with `reason`.
+    pub async fn events_with_reason(&self, name: &str, reason: &str) -> Vec<Event> {
+        let mut events = self.events(name).await;
+        events.retain(|e| e.reason.as_deref() == Some(reason));
         events
-            .list(&lp)
+    }
+
+    /// The reasons of the Events about the job, in no particular order.
+    pub async fn event_reasons(&self, name: &str) -> Vec<String> {
+        self.events(name)
             .await
-            .expect("list events")
-            .items
             .into_iter()
             .filter_map(|e| e.reason)
             .collect()
