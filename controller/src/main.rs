@@ -2,7 +2,7 @@
 
 /// jemalloc, with a background thread that returns freed pages to the system 10 s after they
 /// were freed. glibc's malloc keeps them: after the controller's start-up burst over 10 000
-/// jobs it held 145 MiB resident against 106 to 110 MiB with jemalloc (docs/benchmarks.md).
+/// jobs it held 141 MiB resident against 104 to 108 MiB with jemalloc (docs/benchmarks.md).
 #[cfg(all(target_os = "linux", not(target_env = "musl")))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
