@@ -17,6 +17,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     set -eux; \
     target="$(rustc -vV | sed -n 's/^host: //p')"; \
+    # jemalloc (the binary's allocator) fixes its page size when it is built; arm64 kernels
+    # use 4, 16 or 64 KiB pages, so arm64 builds take 64 KiB, which runs on all three.
+    case "$target" in aarch64-*) export JEMALLOC_SYS_WITH_LG_PAGE=16 ;; esac; \
     RUSTFLAGS="-C target-feature=+crt-static" \
         cargo build --release --locked -p cojob-controller --target "$target"; \
     cp "target/$target/release/cojob" /cojob; \
