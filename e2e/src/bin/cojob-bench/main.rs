@@ -726,22 +726,34 @@ async fn run_size(client: &Client, o: &Options, size: Size) -> anyhow::Result<Si
         // Each size as soon as it is measured: a long run's figures must not wait for its end.
         println!("\n{}", tables(std::slice::from_ref(r)));
     }
+    remove_namespace(client, ns, &format!("N = {n}")).await?;
+    result
+}
+
+/// Removes a benchmark's namespace and waits (up to 15 minutes) until it is gone, so that
+/// what comes next starts on an empty cluster: a namespace being removed still costs the API
+/// server, and its CoordinatedJobs' finalizers still cost the controller bucket requests.
+async fn remove_namespace(
+    client: &Client,
+    ns: cojob_e2e::TestNamespace,
+    what: &str,
+) -> anyhow::Result<()> {
     let name = ns.name.clone();
     ns.cleanup().await;
-    // The next size starts on an empty cluster: wait (bounded) for this one to be gone.
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let t0 = tokio::time::Instant::now();
     while t0.elapsed() < Duration::from_secs(900) {
         if namespaces.get_opt(&name).await?.is_none() {
             println!(
-                "bench: N = {n}: namespace {name} removed in {:?}",
+                "bench: {what}: namespace {name} removed in {:?}",
                 t0.elapsed()
             );
-            break;
+            return Ok(());
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
-    result
+    println!("bench: {what}: namespace {name} still there after 15 minutes; going on");
+    Ok(())
 }
 
 async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::Result<SizeResult> {

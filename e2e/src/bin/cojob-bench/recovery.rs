@@ -151,7 +151,14 @@ pub async fn measure(
     let ns = cojob_e2e::TestNamespace::create(client, &format!("bench-recovery-{ttl}")).await;
     cojob_e2e::provide_store_credentials(client, &ns.name).await;
     let result = measure_in(client, &ns.name, fault, ttl, k).await;
-    ns.cleanup().await;
+    // The sizes measured next count the controller's bucket requests: this namespace's jobs
+    // must be gone first.
+    crate::remove_namespace(
+        client,
+        ns,
+        &format!("recovery from {fault:?} at ttl {ttl} s"),
+    )
+    .await?;
     result
 }
 
