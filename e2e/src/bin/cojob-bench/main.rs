@@ -726,8 +726,11 @@ async fn run_size(client: &Client, o: &Options, size: Size) -> anyhow::Result<Si
         // Each size as soon as it is measured: a long run's figures must not wait for its end.
         println!("\n{}", tables(std::slice::from_ref(r)));
     }
-    remove_namespace(client, ns, &format!("N = {n}")).await?;
-    result
+    let removed = remove_namespace(client, ns, &format!("N = {n}")).await;
+    // The measurement's own error, if any, comes first.
+    let figures = result?;
+    removed?;
+    Ok(figures)
 }
 
 /// Removes a benchmark's namespace and waits (up to 15 minutes) until it is gone, so that

@@ -153,13 +153,16 @@ pub async fn measure(
     let result = measure_in(client, &ns.name, fault, ttl, k).await;
     // The sizes measured next count the controller's bucket requests: this namespace's jobs
     // must be gone first.
-    crate::remove_namespace(
+    let removed = crate::remove_namespace(
         client,
         ns,
         &format!("recovery from {fault:?} at ttl {ttl} s"),
     )
-    .await?;
-    result
+    .await;
+    // The measurement's own error, if any, comes first.
+    let recovery = result?;
+    removed?;
+    Ok(recovery)
 }
 
 async fn measure_in(
