@@ -23,7 +23,7 @@ pub struct Settings {
     /// Environment copied into every run's Secret for its sidecar (store credentials and
     /// endpoints). Values are secrets: never logged.
     pub forwarded_env: BTreeMap<String, String>,
-    /// How often active runs' leases are checked.
+    /// How often the leases of active runs that are not quiet are checked.
     pub sweep_interval: Duration,
     /// How far past its deadline a lease must be before it is taken over.
     pub clock_skew_allowance: Duration,

@@ -577,6 +577,56 @@ pub fn decide(
     }
 }
 
+/// Until when a run needs no pass unless one of its pods is a cue: its sidecar attached and
+/// renews, its pod lives and is not being deleted, and nothing is asked of it, so the only
+/// step a pass could take without a cue is the takeover, which [`decide`] allows from the
+/// lease's deadline plus the skew allowance on. `None` when a pass may have work sooner (a
+/// pending attempt, whose lease the controller renews; a stopping sidecar; a cancel) or the
+/// next step is not [`Step::Wait`].
+///
+/// A sidecar's renewal only moves the deadline later, and a takeover by another controller
+/// only makes this one's pass find nothing to do, so the time is never too late. The sweeper
+/// skips the run's lease read until then ([`crate::sweeper::focus`]).
+///
+/// ```
+/// use chrono::{TimeZone, Utc};
+/// use cojob::{LeaseInfo, Version};
+/// use cojob_controller::run::{quiet_until, Observed, PodView, Step, Timing};
+/// use serde_json::json;
+/// let now = Utc.timestamp_opt(1_000, 0).unwrap();
+/// let lease = LeaseInfo {
+///     epoch: 1,
+///     holder: Some("h".into()),
+///     deadline: now + chrono::Duration::seconds(40),
+///     state: json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "t"}),
+///     version: Version { etag: Some("e".into()), generation: None },
+/// };
+/// let seen = Observed { current: PodView::Live, succeeded: None, predecessors_quiescent: true, pod_missing: false };
+/// let timing = Timing { now, skew_allowance: std::time::Duration::from_secs(5), start_timeout: std::time::Duration::from_secs(600) };
+/// assert_eq!(quiet_until(&lease, &Step::Wait, &seen, &timing), Some(now + chrono::Duration::seconds(45)));
+/// ```
+pub fn quiet_until(
+    lease: &LeaseInfo,
+    step: &Step,
+    seen: &Observed,
+    timing: &Timing,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    if *step != Step::Wait || lease.is_released() || seen.current != PodView::Live {
+        return None;
+    }
+    let state = RunState::parse(&lease.state).ok()?;
+    if state.never_started()
+        || state.cancel_requested
+        || state.stopping_epoch == Some(lease.epoch)
+        || state.status != RunPhase::Running
+    {
+        return None;
+    }
+    let allowance = chrono::Duration::from_std(timing.skew_allowance).ok()?;
+    let until = lease.deadline.checked_add_signed(allowance)?;
+    (until > timing.now).then_some(until)
+}
+
 /// True when a run's pod of `pod_epoch` may lose its result finalizer (and so disappear): it
 /// is quiescent, and its outcome is recorded or no longer matters. A pod whose workload
 /// succeeded keeps it until the run is recorded `succeeded` (G2).
@@ -758,6 +808,77 @@ mod tests {
             exit_code: Some(0),
             reason: None,
         }
+    }
+
+    #[test]
+    fn a_running_attempt_is_quiet_until_its_lease_may_be_taken_over() {
+        let t = timing();
+        let running = json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "x"});
+        let held = lease(running.clone(), Some("h"), 10);
+        let live = seen(PodView::Live);
+        let until = now() + Duration::seconds(15);
+        assert_eq!(quiet_until(&held, &Step::Wait, &live, &t), Some(until));
+        // At that time the takeover is due: decide steals, so the time is not too late.
+        let later = Timing { now: until, ..t };
+        assert_eq!(decide(Some(&held), &live, &later), Ok(Step::Steal));
+        let before = Timing {
+            now: until - Duration::milliseconds(1),
+            ..t
+        };
+        assert_eq!(decide(Some(&held), &live, &before), Ok(Step::Wait));
+        // Nothing is quiet that a timer pass must look at sooner.
+        let pending = lease(
+            json!({"status": "pending", "attempt": 1, "run_id": "r"}),
+            Some("h"),
+            10,
+        );
+        assert_eq!(
+            quiet_until(&pending, &Step::Wait, &live, &t),
+            None,
+            "pending: the controller renews it"
+        );
+        let stopping = lease(mark_stopping(&running, 2), Some("h"), 10);
+        assert_eq!(
+            quiet_until(&stopping, &Step::Wait, &live, &t),
+            None,
+            "a stopping sidecar"
+        );
+        let older_mark = lease(mark_stopping(&running, 1), Some("h"), 10);
+        assert_eq!(
+            quiet_until(&older_mark, &Step::Wait, &live, &t),
+            Some(until),
+            "an older epoch's mark"
+        );
+        let mut cancelled = running.clone();
+        cancelled["cancel_requested"] = json!(true);
+        let cancelled = lease(cancelled, Some("h"), 10);
+        assert_eq!(
+            quiet_until(&cancelled, &Step::Wait, &live, &t),
+            None,
+            "a cancel"
+        );
+        assert_eq!(
+            quiet_until(&held, &Step::Wait, &seen(PodView::Absent), &t),
+            None,
+            "no live pod"
+        );
+        assert_eq!(
+            quiet_until(&held, &Step::Steal, &live, &t),
+            None,
+            "another step"
+        );
+        let released = lease(running.clone(), None, 10);
+        assert_eq!(
+            quiet_until(&released, &Step::Wait, &live, &t),
+            None,
+            "released"
+        );
+        let expired = lease(running, Some("h"), -5);
+        assert_eq!(
+            quiet_until(&expired, &Step::Wait, &live, &t),
+            None,
+            "due now"
+        );
     }
 
     #[test]

@@ -1364,6 +1364,128 @@ async fn store_requests_per_run_are_counted() {
     h.cleanup().await;
 }
 
+/// A run whose sidecar attached and renews is left out of the timer's sweeps until its lease
+/// may have expired: its job is requeued for the lease's deadline plus the skew allowance, not
+/// for the sweep interval, and a pass in between reads the index but not the lease. At that
+/// time the lease is read: renewed, the run is quiet until its new deadline; silent, the run is
+/// taken over at once, not a sweep interval later.
+#[tokio::test]
+async fn a_running_attempt_costs_no_lease_read_until_it_may_be_taken_over() {
+    let h = Harness::new("it-quiet").await;
+    h.create_job(
+        "quiet",
+        json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}}),
+    )
+    .await;
+    let cx = h.context(&Budget::unlimited());
+    cx.focus.start(); // what the controller's pod watch does
+    let requeue = |s: u64| kube::runtime::controller::Action::requeue(Duration::from_secs(s));
+    let gets = |label: &str, before: &cojob::store::StoreStats| {
+        let spent = cx.db.store().stats().since(before);
+        println!("{label}: {} gets, {} puts", spent.gets(), spent.puts());
+        spent.gets()
+    };
+    h.reconcile_with(&cx, "quiet").await.unwrap();
+    h.start_pod("quiet-once-1").await;
+    h.sidecar_started("quiet", "quiet-once").await; // deadline: t0 + 30 s
+    // The next full sweep (the sweep interval is 1 s here) reads the lease and finds the run
+    // running: the job is due again at t0 + 30 s + the 5 s allowance.
+    h.advance(Duration::from_secs(1));
+    let before = cx.db.store().stats();
+    let action = h.reconcile_with(&cx, "quiet").await.unwrap();
+    assert_eq!(gets("full sweep", &before), 2, "the index and the lease");
+    assert_eq!(action, requeue(34), "not the sweep interval");
+    // A pass in between (a cue, or another replica's wake-up) leaves the quiet run out.
+    for left in [29, 24, 19] {
+        h.advance(Duration::from_secs(5));
+        let before = cx.db.store().stats();
+        let action = h.reconcile_with(&cx, "quiet").await.unwrap();
+        assert_eq!(gets("quiet", &before), 1, "the index, no lease");
+        assert_eq!(action, requeue(left));
+    }
+    // The sidecar renewed meanwhile (at t0 + 16 s): at the quiet time the lease is read and
+    // the run is quiet again until the new deadline plus the allowance.
+    h.sidecar_renews("quiet", "quiet-once").await;
+    h.advance(Duration::from_secs(19)); // t0 + 35 s
+    let before = cx.db.store().stats();
+    let action = h.reconcile_with(&cx, "quiet").await.unwrap();
+    assert_eq!(gets("quiet time", &before), 2, "the index and the lease");
+    assert_eq!(
+        action,
+        requeue(16),
+        "t0 + 16 s + 30 s + 5 s, from t0 + 35 s"
+    );
+    assert_eq!(h.lease("quiet", "quiet-once").await.unwrap().epoch, 1);
+    // The sidecar went silent: at its quiet time the run is taken over.
+    h.advance(Duration::from_secs(16));
+    h.reconcile_with(&cx, "quiet").await.unwrap();
+    let lease = h.lease("quiet", "quiet-once").await.unwrap();
+    assert_eq!((lease.epoch, state(&lease).attempt), (2, 2), "taken over");
+    h.cleanup().await;
+}
+
+/// An hour-long run at the chart's defaults (ttl 60 s, sweep interval 10 s), its sidecar
+/// renewing every 20 s and the controller passing at the times it asks for: the lease is read
+/// once per 45 to 65 s (2/3 of the ttl plus the allowance to the ttl plus the allowance), not
+/// every sweep interval (360 reads an hour).
+#[tokio::test]
+async fn an_hour_long_run_is_read_about_once_per_ttl() {
+    let h = Harness::new("it-hour").await;
+    h.create_job("hour", json!({"lease": {"ttlSeconds": 60}}))
+        .await;
+    let cx = h.context_with(&Budget::unlimited(), |s| {
+        s.sweep_interval = Duration::from_secs(10);
+    });
+    cx.focus.start();
+    h.reconcile_with(&cx, "hour").await.unwrap();
+    h.start_pod("hour-once-1").await;
+    h.sidecar_started("hour", "hour-once").await;
+    let job = (h.ns.as_str(), "hour");
+    let start = h.now();
+    let end = start + chrono::Duration::hours(1);
+    let renew_every = chrono::Duration::seconds(20);
+    let mut renewal = start + renew_every;
+    let first = cx
+        .focus
+        .until_due(job, ["hour-once"], start, Duration::from_secs(10));
+    let mut pass = start + chrono::Duration::from_std(first).unwrap();
+    let mut passes = 0u64;
+    let before = cx.db.store().stats();
+    loop {
+        let next = renewal.min(pass);
+        if next >= end {
+            break;
+        }
+        h.advance((next - h.now()).to_std().unwrap());
+        if next == renewal {
+            h.sidecar_renews("hour", "hour-once").await;
+            renewal += renew_every;
+        } else {
+            h.reconcile_with(&cx, "hour").await.unwrap();
+            passes += 1;
+            let wait = cx
+                .focus
+                .until_due(job, ["hour-once"], h.now(), Duration::from_secs(10));
+            pass = h.now() + chrono::Duration::from_std(wait).unwrap();
+        }
+    }
+    let spent = cx.db.store().stats().since(&before);
+    println!(
+        "one hour at ttl 60 s: {passes} passes, {} gets, {} puts (a pass every sweep interval: 360 passes, 720 gets)",
+        spent.gets(),
+        spent.puts()
+    );
+    assert!((55..=81).contains(&passes), "{passes} passes");
+    assert_eq!(spent.gets(), 2 * passes, "the index and the lease per pass");
+    assert_eq!(spent.puts(), 0, "the sidecar renews, not the controller");
+    assert_eq!(
+        h.lease("hour", "hour-once").await.unwrap().epoch,
+        1,
+        "never taken over"
+    );
+    h.cleanup().await;
+}
+
 /// Between full sweeps, a pass sweeps only the runs whose pods were cues: one lease read for
 /// the run a pod event concerns, not one per active run. The others keep their status, a cued
 /// run that ended is recorded, and the full sweep still comes every interval.

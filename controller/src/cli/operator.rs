@@ -42,7 +42,8 @@ pub struct ControllerArgs {
     /// The image of the lease sidecar injected into run pods (normally the controller's own).
     #[arg(long, env = "COJOB_SIDECAR_IMAGE")]
     pub sidecar_image: String,
-    /// How often the leases of active runs are checked.
+    /// How often the leases of active runs that are not quiet (pending attempts) are checked;
+    /// a running attempt's lease is checked when it may have expired.
     #[arg(long, env = "COJOB_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
     /// How far a node's clock may run behind the controller's. A run's lease is taken over

@@ -492,7 +492,7 @@ async fn sync(
         finished,
         mut errors,
     } = sweep(scope, &to_sweep, &pods, said).await;
-    if plan == Plan::All {
+    if matches!(plan, Plan::All | Plan::AllBut(_)) {
         scope.cx.focus.swept_all(job_ref, started);
     }
     active.extend(shown);
@@ -612,8 +612,10 @@ async fn sync(
     if !index.active.is_empty() {
         // At least every sweep interval, and every third of the ttl, so a pending pod's lease
         // is renewed in time and an expired one is found within ttl + ttl/3. A pass that swept
-        // only some runs aims at the next full sweep.
-        requeue = requeue.min(scope.cx.focus.until_full(job_ref, now, every));
+        // only some runs aims at the next full sweep; a job whose runs are all quiet, at the
+        // first time one of their leases may be taken over (`sweeper::focus`).
+        let runs = index.active.iter().map(|r| r.run_id.as_str());
+        requeue = requeue.min(scope.cx.focus.until_due(job_ref, runs, now, every));
     }
     if let Some((run, e)) = errors.into_iter().next() {
         tracing::warn!(job = %scope.name, %run, "a run could not be driven; reporting it");
@@ -639,16 +641,19 @@ fn full_sweep_every(scope: &JobScope<'_>) -> Duration {
 }
 
 /// True when a pass may decide something that depends on every active run, or cannot tell:
-/// a tick is due (or the status does not say when the next one is), the spec changed since
-/// the status was written, `Replace` is the policy, or a request waits in an annotation.
+/// the status is missing, a tick is due (or the status of a scheduled job does not say when
+/// the next one is), the spec changed since the status was written, `Replace` is the policy,
+/// or a request waits in an annotation.
 fn needs_every_run(job: &CoordinatedJob, now: DateTime<Utc>) -> bool {
     let Some(status) = job.status.as_ref() else {
         return true;
     };
-    let tick_due = status
-        .next_schedule_time
-        .as_ref()
-        .is_none_or(|t| t.0.as_microsecond() <= now.timestamp_micros());
+    // A job without a schedule has its one run decided by the pass that wrote its status.
+    let tick_due = job.spec.schedule.is_some()
+        && status
+            .next_schedule_time
+            .as_ref()
+            .is_none_or(|t| t.0.as_microsecond() <= now.timestamp_micros());
     let asked = job.annotations().keys().any(|k| {
         k.starts_with(crate::crd::TRIGGER_ANNOTATION_PREFIX)
             || k.starts_with(crate::crd::CANCEL_ANNOTATION_PREFIX)
@@ -667,9 +672,15 @@ fn focus_runs(
     runs: &[ActiveRun],
     plan: &Plan,
 ) -> (Vec<ActiveRun>, Vec<RunStatus>) {
-    let Plan::Only(cued) = plan else {
-        return (runs.to_vec(), Vec::new());
+    // True for a run this pass leaves out.
+    let left_out = |run_id: &String| match plan {
+        Plan::All => false,
+        Plan::AllBut(quiet) => quiet.contains(run_id),
+        Plan::Only(chosen) => !chosen.contains(run_id),
     };
+    if *plan == Plan::All {
+        return (runs.to_vec(), Vec::new());
+    }
     let shown = job
         .status
         .as_ref()
@@ -679,7 +690,7 @@ fn focus_runs(
     let mut kept = Vec::new();
     for run in runs {
         match shown.iter().find(|s| s.run_id == run.run_id) {
-            Some(status) if !cued.contains(&run.run_id) => kept.push(status.clone()),
+            Some(status) if left_out(&run.run_id) => kept.push(status.clone()),
             _ => to_sweep.push(run.clone()),
         }
     }

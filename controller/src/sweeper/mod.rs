@@ -1,8 +1,10 @@
 //! The sweeper: drives each active run one step along its lifecycle.
 //!
 //! Reconcile calls [`sync_run`] for every active run in the job's index at least every
-//! `--sweep-interval`, and in between for the runs whose pods changed ([`focus`]). It reads the run's lease (one GET, never a listing), looks at the run's
-//! pods, picks the next step with [`run::decide`] and carries it out:
+//! `--sweep-interval` (a run whose sidecar renews: once its lease may have expired,
+//! [`run::quiet_until`]), and in between for the runs whose pods changed ([`focus`]). It reads
+//! the run's lease (one GET, never a listing), looks at the run's pods, picks the next step
+//! with [`run::decide`] and carries it out:
 //!
 //! - **dispatch** ([`dispatch`]): derive the epoch's holder ([`holder`]), acquire a new epoch
 //!   with the [`run::acquire`] transition, and create the pod `<runId>-<epoch>`, then its holder
@@ -173,15 +175,35 @@ async fn observe(
     })
 }
 
-/// The run's next step ([`run::decide`]) on what is observed of `pods`.
+/// The run's next step ([`run::decide`]) on what is observed of `pods`, with what was observed.
 async fn decide(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: Option<&LeaseInfo>,
     pods: &RunPods,
-) -> Result<Step, SweepError> {
+) -> Result<(Step, Observed), SweepError> {
     let seen = observe(scope, run, lease, pods).await?;
-    run::decide(lease, &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))
+    let step = run::decide(lease, &seen, &scope.timing()).map_err(|r| foreign(&run.run_id, r))?;
+    Ok((step, seen))
+}
+
+/// Until when the run needs no pass unless its pods are cues ([`run::quiet_until`]), and not
+/// past its credentials' next renewal; `None` for a pod that is being deleted.
+fn quiet_until(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    seen: &Observed,
+    pod: Option<&Pod>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    if pod?.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let until = run::quiet_until(lease, &Step::Wait, seen, &scope.timing())?;
+    Some(match renew::due(scope, run, lease, pod) {
+        Some(due) => until.min(due),
+        None => until,
+    })
 }
 
 /// Drives one active run a step forward; what to tell the user goes to `said`.
@@ -196,12 +218,13 @@ pub async fn sync_run(
     if let Some(l) = &lease {
         pods::fence(scope, run, pods, l.epoch).await?;
     }
-    let mut step = decide(scope, run, lease.as_ref(), pods).await?;
+    let (mut step, mut seen) = decide(scope, run, lease.as_ref(), pods).await?;
     let confirmed;
     let pods = match (&step, &lease) {
         (Step::Steal, Some(l)) => match confirm_takeover(scope, run, l, pods).await? {
-            Some((fresh, again)) => {
+            Some((fresh, again, observed)) => {
                 step = again;
+                seen = observed;
                 confirmed = fresh;
                 &confirmed
             }
@@ -209,6 +232,7 @@ pub async fn sync_run(
         },
         _ => pods,
     };
+    let mut quiet = None;
     tracing::debug!(job = %scope.name, run = %run.run_id, ?step, "sweep");
     let current = lease.as_ref().and_then(|l| pods.get(&l.epoch));
     let report = match (step, &lease) {
@@ -225,6 +249,7 @@ pub async fn sync_run(
         (Step::Wait, Some(l)) => {
             keep_pending_alive(scope, run, l, current).await?;
             renew::credentials(scope, run, l, current).await?;
+            quiet = quiet_until(scope, run, l, &seen, current);
             active(lease.as_ref(), current)
         }
         (Step::CreatePod, Some(l)) => {
@@ -269,6 +294,8 @@ pub async fn sync_run(
         (Step::Steal, Some(l)) => steal(scope, run, l, pods, said).await?,
     };
     pods::release_settled(scope, pods, lease.as_ref(), &report).await?;
+    let job = (scope.namespace.as_str(), scope.name.as_str());
+    scope.cx.focus.quiet(job, &run.run_id, quiet);
     Ok(report)
 }
 
@@ -282,7 +309,7 @@ async fn confirm_takeover(
     run: &ActiveRun,
     lease: &LeaseInfo,
     pods: &RunPods,
-) -> Result<Option<(RunPods, Step)>, SweepError> {
+) -> Result<Option<(RunPods, Step, Observed)>, SweepError> {
     let Some(cached) = pods.get(&lease.epoch) else {
         return Ok(None); // `observe` has read its absence fresh already
     };
@@ -294,11 +321,11 @@ async fn confirm_takeover(
     }
     let mut refreshed = pods.clone();
     refreshed.insert(lease.epoch, fresh);
-    let step = decide(scope, run, Some(lease), &refreshed).await?;
+    let (step, seen) = decide(scope, run, Some(lease), &refreshed).await?;
     if step != Step::Steal {
         tracing::info!(job = %scope.name, run = %run.run_id, epoch = lease.epoch, ?step, "the pod cache lagged; the attempt's pod, read fresh, needs no takeover");
     }
-    Ok(Some((refreshed, step)))
+    Ok(Some((refreshed, step, seen)))
 }
 
 /// The lease is past its deadline plus the skew allowance: take a new epoch (which fences the

@@ -18,44 +18,53 @@ use crate::credentials::{refresh_at, renew_at};
 use crate::index::ActiveRun;
 use cojob::LeaseInfo;
 
-/// Renews the credentials of the attempt that holds `lease`, if they are due and its pod may
-/// still run.
+/// When the credentials of the attempt that holds `lease` are next due for renewal: `None`
+/// when no credentials are minted, or the attempt's pod is gone, stopping or ended.
+pub fn due(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    lease: &LeaseInfo,
+    pod: Option<&Pod>,
+) -> Option<DateTime<Utc>> {
+    let minter = scope.cx.settings.minter.as_ref()?;
+    let pod = pod?;
+    if lease.is_released()
+        || pod.metadata.deletion_timestamp.is_some()
+        || pod_view(Some(pod)).is_quiescent()
+    {
+        return None;
+    }
+    let created = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))?;
+    let lifetime = chrono::Duration::from_std(minter.duration()).unwrap_or_default();
+    // The first credentials were minted just after the pod was created: renewing from the
+    // pod's creation on is early, never late.
+    Some(
+        scope
+            .cx
+            .renewals
+            .due(&scope.keys.lease(&run.run_id), lease.epoch)
+            .unwrap_or_else(|| renew_at(created, created + lifetime)),
+    )
+}
+
+/// Renews the credentials of the attempt that holds `lease`, if they are due ([`due`]) and
+/// its pod may still run.
 pub async fn credentials(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: &LeaseInfo,
     pod: Option<&Pod>,
 ) -> Result<(), SweepError> {
-    let Some(minter) = &scope.cx.settings.minter else {
-        return Ok(());
-    };
-    let Some(pod) = pod else {
-        return Ok(());
-    };
-    if lease.is_released()
-        || pod.metadata.deletion_timestamp.is_some()
-        || pod_view(Some(pod)).is_quiescent()
-    {
-        return Ok(());
-    }
-    let Some(created) = pod
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))
-    else {
+    let (Some(minter), Some(due)) = (&scope.cx.settings.minter, due(scope, run, lease, pod)) else {
         return Ok(());
     };
     let lifetime = chrono::Duration::from_std(minter.duration()).unwrap_or_default();
     let now = scope.cx.db.clock().now();
     let lease_key = scope.keys.lease(&run.run_id);
-    // The first credentials were minted just after the pod was created: renewing from the
-    // pod's creation on is early, never late.
-    let due = scope
-        .cx
-        .renewals
-        .due(&lease_key, lease.epoch)
-        .unwrap_or_else(|| renew_at(created, created + lifetime));
     if now < due {
         return Ok(());
     }

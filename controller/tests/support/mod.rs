@@ -510,6 +510,12 @@ impl Harness {
             .expect("record the start");
     }
 
+    /// Plays the sidecar's periodic renewal: the lease's deadline becomes its ttl from now.
+    pub async fn sidecar_renews(&self, name: &str, run_id: &str) {
+        let (mut lease, _) = self.attach_as_sidecar(name, run_id).await;
+        lease.renew().await.expect("renew");
+    }
+
     /// As the sidecar does when the kubelet stops it (after the workload's containers ended):
     /// one last renewal that marks its epoch stopping.
     pub async fn sidecar_stopped(&self, name: &str, run_id: &str) {
