@@ -21,9 +21,12 @@
 //! pass, within the sweep interval, not at the pod's start: the phase comes from the lease
 //! the sidecar writes, which a pass reads anyway.
 //!
-//! Nothing here is needed for correctness: every pass re-reads the truth, and an active run is
-//! passed over at least every sweep interval (and every third of its ttl) whatever the
-//! events. Cues only decide how soon a pass follows a change.
+//! Nothing here is needed for safety: every pass re-reads the truth. An active run is passed
+//! over at least every sweep interval (and every third of its ttl) whatever the events,
+//! except a quiet one ([`crate::sweeper::focus`]: its sidecar renews and its pod lives), which
+//! is passed over at the latest when its lease may be taken over, a ttl plus the clock-skew
+//! allowance at most; its pod's end or deletion is a cue, and a relist of the pod watch wakes
+//! every run. Cues only decide how soon a pass follows a change.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 

@@ -580,7 +580,8 @@ pub fn decide(
 /// Until when a run needs no pass unless one of its pods is a cue: its sidecar attached and
 /// renews, its pod lives and is not being deleted, and nothing is asked of it, so the only
 /// step a pass could take without a cue is the takeover, which [`decide`] allows from the
-/// lease's deadline plus the skew allowance on. `None` when a pass may have work sooner (a
+/// lease's deadline plus the skew allowance on. A deadline more than `ttl` ahead (a node
+/// whose clock runs ahead) counts as `ttl` from now. `None` when a pass may have work sooner (a
 /// pending attempt, whose lease the controller renews; a stopping sidecar; a cancel) or the
 /// next step is not [`Step::Wait`].
 ///
@@ -603,13 +604,15 @@ pub fn decide(
 /// };
 /// let seen = Observed { current: PodView::Live, succeeded: None, predecessors_quiescent: true, pod_missing: false };
 /// let timing = Timing { now, skew_allowance: std::time::Duration::from_secs(5), start_timeout: std::time::Duration::from_secs(600) };
-/// assert_eq!(quiet_until(&lease, &Step::Wait, &seen, &timing), Some(now + chrono::Duration::seconds(45)));
+/// let ttl = std::time::Duration::from_secs(60);
+/// assert_eq!(quiet_until(&lease, &Step::Wait, &seen, &timing, ttl), Some(now + chrono::Duration::seconds(45)));
 /// ```
 pub fn quiet_until(
     lease: &LeaseInfo,
     step: &Step,
     seen: &Observed,
     timing: &Timing,
+    ttl: std::time::Duration,
 ) -> Option<chrono::DateTime<chrono::Utc>> {
     if *step != Step::Wait || lease.is_released() || seen.current != PodView::Live {
         return None;
@@ -622,8 +625,12 @@ pub fn quiet_until(
     {
         return None;
     }
+    // A deadline further than a ttl away was written by a clock that runs ahead: trust it no
+    // further than a renewal now could have set it.
+    let ttl = chrono::Duration::from_std(ttl).ok()?;
+    let deadline = lease.deadline.min(timing.now.checked_add_signed(ttl)?);
     let allowance = chrono::Duration::from_std(timing.skew_allowance).ok()?;
-    let until = lease.deadline.checked_add_signed(allowance)?;
+    let until = deadline.checked_add_signed(allowance)?;
     (until > timing.now).then_some(until)
 }
 
@@ -810,6 +817,8 @@ mod tests {
         }
     }
 
+    const TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
     #[test]
     fn a_running_attempt_is_quiet_until_its_lease_may_be_taken_over() {
         let t = timing();
@@ -817,7 +826,7 @@ mod tests {
         let held = lease(running.clone(), Some("h"), 10);
         let live = seen(PodView::Live);
         let until = now() + Duration::seconds(15);
-        assert_eq!(quiet_until(&held, &Step::Wait, &live, &t), Some(until));
+        assert_eq!(quiet_until(&held, &Step::Wait, &live, &t, TTL), Some(until));
         // At that time the takeover is due: decide steals, so the time is not too late.
         let later = Timing { now: until, ..t };
         assert_eq!(decide(Some(&held), &live, &later), Ok(Step::Steal));
@@ -833,19 +842,19 @@ mod tests {
             10,
         );
         assert_eq!(
-            quiet_until(&pending, &Step::Wait, &live, &t),
+            quiet_until(&pending, &Step::Wait, &live, &t, TTL),
             None,
             "pending: the controller renews it"
         );
         let stopping = lease(mark_stopping(&running, 2), Some("h"), 10);
         assert_eq!(
-            quiet_until(&stopping, &Step::Wait, &live, &t),
+            quiet_until(&stopping, &Step::Wait, &live, &t, TTL),
             None,
             "a stopping sidecar"
         );
         let older_mark = lease(mark_stopping(&running, 1), Some("h"), 10);
         assert_eq!(
-            quiet_until(&older_mark, &Step::Wait, &live, &t),
+            quiet_until(&older_mark, &Step::Wait, &live, &t, TTL),
             Some(until),
             "an older epoch's mark"
         );
@@ -853,29 +862,35 @@ mod tests {
         cancelled["cancel_requested"] = json!(true);
         let cancelled = lease(cancelled, Some("h"), 10);
         assert_eq!(
-            quiet_until(&cancelled, &Step::Wait, &live, &t),
+            quiet_until(&cancelled, &Step::Wait, &live, &t, TTL),
             None,
             "a cancel"
         );
         assert_eq!(
-            quiet_until(&held, &Step::Wait, &seen(PodView::Absent), &t),
+            quiet_until(&held, &Step::Wait, &seen(PodView::Absent), &t, TTL),
             None,
             "no live pod"
         );
         assert_eq!(
-            quiet_until(&held, &Step::Steal, &live, &t),
+            quiet_until(&held, &Step::Steal, &live, &t, TTL),
             None,
             "another step"
         );
         let released = lease(running.clone(), None, 10);
         assert_eq!(
-            quiet_until(&released, &Step::Wait, &live, &t),
+            quiet_until(&released, &Step::Wait, &live, &t, TTL),
             None,
             "released"
         );
+        // A deadline written by a clock that runs ahead counts as a ttl from now.
+        let ahead = lease(running.clone(), Some("h"), 300);
+        assert_eq!(
+            quiet_until(&ahead, &Step::Wait, &live, &t, TTL),
+            Some(now() + Duration::seconds(35))
+        );
         let expired = lease(running, Some("h"), -5);
         assert_eq!(
-            quiet_until(&expired, &Step::Wait, &live, &t),
+            quiet_until(&expired, &Step::Wait, &live, &t, TTL),
             None,
             "due now"
         );

@@ -62,7 +62,8 @@ async fn cancel_and_release(
             Err(e) => return Err(e.into()),
         }
     }
-    let swept = sweep(scope, &index.active, &pods, said).await;
+    let token = scope.cx.focus.token((&scope.namespace, &scope.name));
+    let swept = sweep(scope, token, &index.active, &pods, said).await;
     let limits = history_limits(&scope.job.spec);
     let known = update_index(&doc, known, |i| {
         i.record_finished(&swept.finished, limits);

@@ -48,7 +48,7 @@ use crate::index::{ActiveRun, Decision, FinishedRun, HistoryLimits, JobIndex};
 use crate::layout::run_id;
 use crate::pod::LABEL_JOB;
 use crate::schedule::{CatchUp, Schedule, ScheduleError};
-use crate::sweeper::focus::Plan;
+use crate::sweeper::focus::{Plan, Token};
 use crate::sweeper::{self, RunPods, RunReport, SweepError};
 
 mod backfills;
@@ -312,7 +312,11 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
             cx.metrics
                 .job_active(&scope.namespace, &scope.name, synced.active.len());
             let status = build_status(&scope, &synced);
-            patch_status(&scope, status).await?;
+            if let Err(e) = patch_status(&scope, status).await {
+                // The runs a later pass leaves out keep the status it shows: sweep all of them.
+                cx.focus.forget((&scope.namespace, &scope.name));
+                return Err(e);
+            }
             // The scheduler adds its debounce to every request; take it off here, so a pass
             // due at a tick still starts at the tick.
             Ok(Action::requeue(
@@ -378,17 +382,24 @@ struct Swept {
     errors: Vec<(String, SweepError)>,
 }
 
-/// Sweeps the given runs.
+/// Sweeps the given runs; which of them are quiet goes to the job's focus, for the pass that
+/// took `token`.
 async fn sweep(
     scope: &JobScope<'_>,
+    token: Token,
     runs: &[ActiveRun],
     pods: &BTreeMap<String, RunPods>,
     said: &mut Announcements,
 ) -> Swept {
     let empty = RunPods::new();
     let mut out = Swept::default();
+    let job = (scope.namespace.as_str(), scope.name.as_str());
     for run in runs {
-        match sweeper::sync_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty), said).await {
+        let synced =
+            sweeper::sync_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty), said).await;
+        let quiet = synced.as_ref().ok().and_then(|s| s.quiet_until);
+        scope.cx.focus.quiet(job, token, &run.run_id, quiet);
+        match synced.map(|s| s.report) {
             Ok(RunReport::Active {
                 epoch,
                 attempt,
@@ -471,29 +482,32 @@ async fn sync(
     let db = &scope.cx.db;
     let started = db.clock().now();
     let spec = &scope.job.spec;
+    // Which runs to sweep: all of them when a full sweep is due or the pass needs them, else
+    // the runs whose pods were cues (`sweeper::focus`). Planned before the pods are read: a
+    // cue this plan takes is in the pod cache already, and a later one is left for the next
+    // pass.
+    let job_ref = (scope.namespace.as_str(), scope.name.as_str());
+    let every = full_sweep_every(scope);
+    let token = scope.cx.focus.token(job_ref);
+    let plan = scope
+        .cx
+        .focus
+        .plan(job_ref, started, every, needs_every_run(scope.job, started));
     let doc = db.doc::<JobIndex>(&scope.keys.index());
     let mut known = read_index(scope, &doc).await?;
     let pods = list_pods(scope).await?;
     let limits = history_limits(spec);
 
-    // Sweep the active runs first, so the concurrency policy sees runs that just ended: all
-    // of them when a full sweep is due or the pass needs them, else the runs whose pods were
-    // cues (`sweeper::focus`).
+    // Sweep the active runs first, so the concurrency policy sees runs that just ended.
     let runs = index_of(&known).active;
-    let job_ref = (scope.namespace.as_str(), scope.name.as_str());
-    let every = full_sweep_every(scope);
-    let plan = scope
-        .cx
-        .focus
-        .plan(job_ref, started, every, needs_every_run(scope.job, started));
     let (to_sweep, shown) = focus_runs(scope.job, &runs, &plan);
     let Swept {
         mut active,
         finished,
         mut errors,
-    } = sweep(scope, &to_sweep, &pods, said).await;
+    } = sweep(scope, token, &to_sweep, &pods, said).await;
     if matches!(plan, Plan::All | Plan::AllBut(_)) {
-        scope.cx.focus.swept_all(job_ref, started);
+        scope.cx.focus.swept_all(job_ref, token, started);
     }
     active.extend(shown);
     let mut dropped = Vec::new();
@@ -590,7 +604,7 @@ async fn sync(
     if spec.concurrency_policy == ConcurrencyPolicy::Replace {
         replace_older_runs(scope, &index, &pods, said).await?;
     }
-    let started = sweep(scope, &new_runs, &pods, said).await;
+    let started = sweep(scope, token, &new_runs, &pods, said).await;
     active.extend(started.active);
     errors.extend(started.errors);
     if !started.finished.is_empty() {
@@ -766,13 +780,15 @@ pub fn error_policy(job: Arc<CoordinatedJob>, error: &Error, cx: Arc<Context>) -
     Action::requeue(delay)
 }
 
-/// Tells the focus which run a pod cue concerns; a pod of a listing makes its job's next
-/// pass a full one.
+/// Tells the focus which run a pod cue concerns; while the pod watch lists (again), every
+/// pass is a full one.
 fn note_cue(focus: &sweeper::focus::Focus, event: &watcher::Event<Pod>, cue: bool) {
-    let (watcher::Event::Apply(pod) | watcher::Event::Delete(pod) | watcher::Event::InitApply(pod)) =
-        event
-    else {
-        return;
+    let pod = match event {
+        watcher::Event::Init => return focus.stop(),
+        watcher::Event::InitDone => return focus.start(),
+        watcher::Event::Apply(pod)
+        | watcher::Event::Delete(pod)
+        | watcher::Event::InitApply(pod) => pod,
     };
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     let labels = pod.labels();

@@ -39,6 +39,11 @@ pub async fn cancel_run(
     pods: &RunPods,
 ) -> Result<Cancel, SweepError> {
     let db = &scope.cx.db;
+    // A cancelled run is swept by every full sweep until it ended, quiet or not.
+    scope
+        .cx
+        .focus
+        .wake((&scope.namespace, &scope.name), &run.run_id);
     let key = scope.keys.lease(&run.run_id);
     let now = now_str(scope);
     let lease = db.inspect_lease(&key).await?;

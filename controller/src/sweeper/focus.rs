@@ -20,7 +20,9 @@
 //!   times, not for the sweep interval, so a long run costs a lease read per ttl, not one per
 //!   sweep interval, and a lost one is taken over as soon as it may be.
 //!
-//! A controller that just started (or lost track: a relist of its pod watch) sweeps in full.
+//! A controller that just started (or lost track: a relist of its pod watch, from its start to
+//! its end) sweeps in full, and what a pass learnt is recorded only if nothing was forgotten
+//! since it began ([`Token`]).
 //! Nothing here decides anything about a run: a run left out of a pass is swept at the next
 //! full sweep, or at its quiet time, as if the pass had not happened.
 //!
@@ -34,7 +36,8 @@
 //! let every = Duration::from_secs(10);
 //! // Nothing known yet: every run.
 //! assert_eq!(focus.plan(("ns", "job"), t0, every, false), Plan::All);
-//! focus.swept_all(("ns", "job"), t0);
+//! let token = focus.token(("ns", "job")); // taken by a pass before its plan
+//! focus.swept_all(("ns", "job"), token, t0);
 //! focus.cue(("ns", "job"), "job-1");
 //! let soon = t0 + chrono::Duration::seconds(3);
 //! assert_eq!(focus.plan(("ns", "job"), soon, every, false), Plan::Only(["job-1".to_string()].into()));
@@ -46,7 +49,7 @@
 //! ```
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,35 +72,53 @@ pub enum Plan {
 
 #[derive(Default)]
 struct JobFocus {
+    /// Which life of the job's entry this is: [`Focus::forget`] and [`Focus::start`] begin a
+    /// new one, and what a pass planned in an older one learnt is not recorded.
+    generation: u64,
     /// When the last full sweep started (by the store's clock).
     swept_all_at: Option<DateTime<Utc>>,
-    /// Runs whose pods were cues since they were last swept.
+    /// Runs whose pods were cues since a pass last took them.
     cued: BTreeSet<String>,
     /// Runs that need no pass before these times unless cued.
     quiet: HashMap<String, DateTime<Utc>>,
 }
 
-/// Per job, when it was last swept in full and which runs were cued since. Cheap to clone
-/// (shared). Until [`start`](Focus::start) (the controller's pod watch feeds it from then on),
-/// every pass sweeps every run.
+/// What a pass knew of its job's focus when it began ([`Focus::token`]); what it learnt is
+/// recorded only if nothing was forgotten since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token(u64);
+
+/// Per job, when it was last swept in full, which runs were cued since and which are quiet.
+/// Cheap to clone (shared). Until [`start`](Focus::start) (the controller's pod watch feeds it
+/// from then on), every pass sweeps every run.
 #[derive(Clone, Default)]
 pub struct Focus {
     jobs: Arc<Mutex<HashMap<(String, String), JobFocus>>>,
     fed: Arc<AtomicBool>,
+    generations: Arc<AtomicU64>,
 }
 
 impl Focus {
+    fn entry<'a>(
+        &self,
+        jobs: &'a mut HashMap<(String, String), JobFocus>,
+        job: JobRef<'_>,
+    ) -> &'a mut JobFocus {
+        jobs.entry(key(job)).or_insert_with(|| JobFocus {
+            generation: self.generations.fetch_add(1, Ordering::SeqCst) + 1,
+            ..JobFocus::default()
+        })
+    }
+
     /// Notes that a pod of `run` was a cue for its job.
     pub fn cue(&self, job: JobRef<'_>, run: &str) {
         if let Ok(mut jobs) = self.jobs.lock() {
-            jobs.entry(key(job))
-                .or_default()
-                .cued
-                .insert(run.to_owned());
+            self.entry(&mut jobs, job).cued.insert(run.to_owned());
         }
     }
 
-    /// Forgets what is known of `job`: its next pass sweeps in full.
+    /// Forgets what is known of `job`: its next pass sweeps in full, and what a pass that
+    /// began before learns is not recorded.
     pub fn forget(&self, job: JobRef<'_>) {
         if let Ok(mut jobs) = self.jobs.lock() {
             jobs.remove(&key(job));
@@ -112,31 +133,60 @@ impl Focus {
         self.fed.store(true, Ordering::SeqCst);
     }
 
+    /// Forgets every job until [`start`](Self::start): the pod watch lists again, and a pod
+    /// that changed meanwhile may not be in the cache yet, so every pass sweeps every run and
+    /// no run is quiet.
+    pub fn stop(&self) {
+        self.fed.store(false, Ordering::SeqCst);
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.clear();
+        }
+    }
+
+    /// Taken by a pass before its [`plan`](Self::plan), and given back with what it learnt
+    /// ([`quiet`](Self::quiet), [`swept_all`](Self::swept_all)).
+    pub fn token(&self, job: JobRef<'_>) -> Token {
+        match self.jobs.lock() {
+            Ok(mut jobs) => Token(self.entry(&mut jobs, job).generation),
+            Err(_) => Token(0),
+        }
+    }
+
     /// Notes that `run` needs no pass before `until` unless one of its pods is a cue
-    /// ([`crate::run::quiet_until`]); `None` forgets it, so full sweeps include it again.
-    pub fn quiet(&self, job: JobRef<'_>, run: &str, until: Option<DateTime<Utc>>) {
+    /// ([`crate::run::quiet_until`]), as a pass that began with `token` found; `None` (or a
+    /// cue that came meanwhile: the pass may have seen its pods before it) forgets it, so
+    /// full sweeps include it again.
+    pub fn quiet(&self, job: JobRef<'_>, token: Token, run: &str, until: Option<DateTime<Utc>>) {
         let Ok(mut jobs) = self.jobs.lock() else {
             return;
         };
+        let Some(known) = jobs.get_mut(&key(job)) else {
+            return;
+        };
+        let fed = self.fed.load(Ordering::SeqCst);
         match until {
-            Some(until) => {
-                jobs.entry(key(job))
-                    .or_default()
-                    .quiet
-                    .insert(run.to_owned(), until);
+            Some(until) if fed && known.generation == token.0 && !known.cued.contains(run) => {
+                known.quiet.insert(run.to_owned(), until);
             }
-            None => {
-                if let Some(known) = jobs.get_mut(&key(job)) {
-                    known.quiet.remove(run);
-                }
+            _ => {
+                known.quiet.remove(run);
             }
+        }
+    }
+
+    /// Forgets that `run` was quiet: the next full sweep includes it (a cancel was asked).
+    pub fn wake(&self, job: JobRef<'_>, run: &str) {
+        if let Ok(mut jobs) = self.jobs.lock()
+            && let Some(known) = jobs.get_mut(&key(job))
+        {
+            known.quiet.remove(run);
         }
     }
 
     /// The runs a pass of `job` at `now` sweeps: all of them when `needs_all` or when nothing
     /// is known of the job; when its last full sweep is `every` old, all but the runs quiet
-    /// past `now` that were not cued; otherwise the runs cued since the last pass (taken: the
-    /// pass sweeps them) and those whose quiet time has come.
+    /// past `now` that were not cued; otherwise the runs cued since the last pass and those
+    /// whose quiet time has come. The cues are taken: the pass sweeps their runs.
     pub fn plan(
         &self,
         job: JobRef<'_>,
@@ -153,14 +203,14 @@ impl Focus {
         let Some(known) = jobs.get_mut(&key(job)) else {
             return Plan::All;
         };
-        let due = known
-            .swept_all_at
-            .is_none_or(|at| (now - at).to_std().unwrap_or_default() >= every);
-        if needs_all || known.swept_all_at.is_none() {
+        let cued = std::mem::take(&mut known.cued);
+        let Some(at) = known.swept_all_at else {
+            return Plan::All;
+        };
+        if needs_all {
             return Plan::All;
         }
-        let cued = std::mem::take(&mut known.cued);
-        if due {
+        if (now - at).to_std().unwrap_or_default() >= every {
             let skipped: BTreeSet<String> = known
                 .quiet
                 .iter()
@@ -181,18 +231,20 @@ impl Focus {
         Plan::Only(cued.into_iter().chain(woken).collect())
     }
 
-    /// Records a full sweep of `job` that started at `at`.
-    pub fn swept_all(&self, job: JobRef<'_>, at: DateTime<Utc>) {
-        if let Ok(mut jobs) = self.jobs.lock() {
-            let known = jobs.entry(key(job)).or_default();
+    /// Records a full sweep of `job` that started at `at`, by a pass that began with `token`.
+    pub fn swept_all(&self, job: JobRef<'_>, token: Token, at: DateTime<Utc>) {
+        if let Ok(mut jobs) = self.jobs.lock()
+            && let Some(known) = jobs.get_mut(&key(job))
+            && known.generation == token.0
+        {
             known.swept_all_at = Some(at);
-            known.cued.clear();
         }
     }
 
     /// How long until `job` needs its next pass for its `active` runs: the first of their
-    /// quiet times when all of them are quiet, else the next full sweep (zero when nothing is
-    /// known). Forgets the quiet times of runs that are no longer active.
+    /// quiet times when all of them are quiet (zero for one whose time has come), else the
+    /// next full sweep (zero when nothing is known). Forgets the quiet times of runs that are
+    /// no longer active.
     pub fn until_due<'r>(
         &self,
         job: JobRef<'_>,
@@ -215,8 +267,8 @@ impl Focus {
         let mut next: Option<Duration> = None;
         for run in active {
             let wait = match known.quiet.get(run) {
-                Some(until) if *until > now => (*until - now).to_std().unwrap_or_default(),
-                _ => full,
+                Some(until) => (*until - now).to_std().unwrap_or_default(),
+                None => full,
             };
             next = Some(next.map_or(wait, |n| n.min(wait)));
         }
@@ -241,7 +293,7 @@ mod tests {
         let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
         let every = Duration::from_secs(10);
         let at = |s: i64| t0 + chrono::Duration::seconds(s);
-        focus.swept_all(job, t0);
+        focus.swept_all(job, focus.token(job), t0);
         assert_eq!(
             focus.until_due(job, ["r"], at(4), every),
             Duration::from_secs(6)
@@ -256,7 +308,7 @@ mod tests {
         assert_eq!(focus.plan(job, at(10), every, false), Plan::All);
         assert_eq!(focus.until_due(job, ["r"], at(12), every), Duration::ZERO);
         // A clock that went back is no reason to wait longer.
-        focus.swept_all(job, at(20));
+        focus.swept_all(job, focus.token(job), at(20));
         assert_eq!(
             focus.plan(job, at(15), every, false),
             Plan::Only(BTreeSet::new())
@@ -273,17 +325,17 @@ mod tests {
         let at = |s: i64| t0 + chrono::Duration::seconds(s);
         let only = |runs: &[&str]| Plan::Only(runs.iter().map(|r| r.to_string()).collect());
         let but = |runs: &[&str]| Plan::AllBut(runs.iter().map(|r| r.to_string()).collect());
-        focus.swept_all(job, t0);
-        focus.quiet(job, "long", Some(at(45)));
+        focus.swept_all(job, focus.token(job), t0);
+        focus.quiet(job, focus.token(job), "long", Some(at(45)));
         // One of two runs is quiet: the job is due at the full sweep, which leaves it out.
         assert_eq!(
             focus.until_due(job, ["long", "new"], at(2), every),
             Duration::from_secs(8)
         );
         assert_eq!(focus.plan(job, at(10), every, false), but(&["long"]));
-        focus.swept_all(job, at(10));
+        focus.swept_all(job, focus.token(job), at(10));
         // Every run is quiet: the job is due at the first quiet time, not at the interval.
-        focus.quiet(job, "new", Some(at(30)));
+        focus.quiet(job, focus.token(job), "new", Some(at(30)));
         assert_eq!(
             focus.until_due(job, ["long", "new"], at(10), every),
             Duration::from_secs(20)
@@ -291,10 +343,10 @@ mod tests {
         // A cue sweeps its run whatever its quiet time.
         focus.cue(job, "long");
         assert_eq!(focus.plan(job, at(25), every, false), but(&["new"]));
-        focus.swept_all(job, at(25));
+        focus.swept_all(job, focus.token(job), at(25));
         // A quiet time that came is swept by the next pass, even between full sweeps.
         assert_eq!(focus.plan(job, at(30), every, false), only(&["new"]));
-        focus.quiet(job, "new", None);
+        focus.quiet(job, focus.token(job), "new", None);
         assert_eq!(
             focus.until_due(job, ["long", "new"], at(30), every),
             Duration::from_secs(5)
@@ -306,24 +358,78 @@ mod tests {
             focus.until_due(job, ["new"], at(31), every),
             Duration::from_secs(4)
         );
-        focus.swept_all(job, at(40));
+        focus.swept_all(job, focus.token(job), at(40));
         assert_eq!(
             focus.plan(job, at(50), every, false),
             Plan::All,
             "long is no longer known"
         );
         // Forgetting the job (a failed pass, a relist) forgets its quiet runs.
-        focus.quiet(job, "new", Some(at(90)));
+        focus.quiet(job, focus.token(job), "new", Some(at(90)));
         focus.forget(job);
-        focus.swept_all(job, at(60));
+        focus.swept_all(job, focus.token(job), at(60));
         assert_eq!(focus.plan(job, at(70), every, false), Plan::All);
+    }
+
+    #[test]
+    fn what_a_pass_learns_is_not_recorded_over_a_forget_or_a_newer_cue() {
+        let focus = Focus::default();
+        focus.start();
+        let job = ("ns", "j");
+        let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
+        let every = Duration::from_secs(10);
+        let at = |s: i64| t0 + chrono::Duration::seconds(s);
+        // A pass began, then the pod watch relisted (or another pass failed).
+        let stale = focus.token(job);
+        assert_eq!(focus.plan(job, t0, every, false), Plan::All);
+        focus.forget(job);
+        focus.swept_all(job, stale, t0);
+        focus.quiet(job, stale, "r", Some(at(60)));
+        assert_eq!(
+            focus.plan(job, at(1), every, false),
+            Plan::All,
+            "nothing recorded"
+        );
+        // A cue that came while the pass ran: the pass may have seen the pod before it, so
+        // its run is not quiet, and the next pass sweeps it.
+        let token = focus.token(job);
+        assert_eq!(focus.plan(job, at(2), every, false), Plan::All);
+        focus.cue(job, "r");
+        focus.swept_all(job, token, at(2));
+        focus.quiet(job, token, "r", Some(at(60)));
+        assert_eq!(
+            focus.until_due(job, ["r"], at(3), every),
+            Duration::from_secs(9)
+        );
+        assert_eq!(
+            focus.plan(job, at(3), every, false),
+            Plan::Only(["r".to_string()].into())
+        );
+        // While the pod watch lists again, every pass sweeps every run and none is quiet.
+        focus.stop();
+        let token = focus.token(job);
+        focus.swept_all(job, token, at(4));
+        focus.quiet(job, token, "r", Some(at(60)));
+        assert_eq!(focus.plan(job, at(20), every, false), Plan::All);
+        assert_eq!(
+            focus.until_due(job, ["r"], at(5), every),
+            Duration::from_secs(9)
+        );
+        focus.start();
+        assert_eq!(focus.plan(job, at(21), every, false), Plan::All);
+        let token = focus.token(job);
+        focus.swept_all(job, token, at(2));
+        // Woken (a cancel): swept again by the full sweeps.
+        focus.quiet(job, token, "r", Some(at(60)));
+        focus.wake(job, "r");
+        assert_eq!(focus.plan(job, at(12), every, false), Plan::All);
     }
 
     #[test]
     fn without_a_pod_watch_every_pass_sweeps_every_run() {
         let focus = Focus::default();
         let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
-        focus.swept_all(("a", "j"), t0);
+        focus.swept_all(("a", "j"), focus.token(("a", "j")), t0);
         assert_eq!(
             focus.plan(("a", "j"), t0, Duration::from_secs(10), false),
             Plan::All
@@ -336,8 +442,8 @@ mod tests {
         focus.start();
         let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
         let every = Duration::from_secs(10);
-        focus.swept_all(("a", "j"), t0);
-        focus.swept_all(("b", "j"), t0);
+        focus.swept_all(("a", "j"), focus.token(("a", "j")), t0);
+        focus.swept_all(("b", "j"), focus.token(("b", "j")), t0);
         focus.cue(("a", "j"), "r1");
         assert_eq!(
             focus.plan(("b", "j"), t0, every, false),

@@ -94,6 +94,16 @@ pub enum SweepError {
     },
 }
 
+/// What [`sync_run`] found of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSynced {
+    /// Where the run stands.
+    pub report: RunReport,
+    /// Until when it needs no pass unless its pods are cues ([`run::quiet_until`]), for the
+    /// job's [`focus`].
+    pub quiet_until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 /// Where a run stands after a sweep.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunReport {
@@ -188,7 +198,8 @@ async fn decide(
 }
 
 /// Until when the run needs no pass unless its pods are cues ([`run::quiet_until`]), and not
-/// past its credentials' next renewal; `None` for a pod that is being deleted.
+/// past its credentials' next renewal; `None` for a pod that is being deleted, or a time that
+/// has come (a renewal that failed is retried by the next full sweep).
 fn quiet_until(
     scope: &JobScope<'_>,
     run: &ActiveRun,
@@ -199,11 +210,13 @@ fn quiet_until(
     if pod?.metadata.deletion_timestamp.is_some() {
         return None;
     }
-    let until = run::quiet_until(lease, &Step::Wait, seen, &scope.timing())?;
-    Some(match renew::due(scope, run, lease, pod) {
+    let timing = scope.timing();
+    let until = run::quiet_until(lease, &Step::Wait, seen, &timing, scope.ttl())?;
+    let until = match renew::due(scope, run, lease, pod) {
         Some(due) => until.min(due),
         None => until,
-    })
+    };
+    (until > timing.now).then_some(until)
 }
 
 /// Drives one active run a step forward; what to tell the user goes to `said`.
@@ -212,7 +225,7 @@ pub async fn sync_run(
     run: &ActiveRun,
     pods: &RunPods,
     said: &mut Announcements,
-) -> Result<RunReport, SweepError> {
+) -> Result<RunSynced, SweepError> {
     let key = scope.keys.lease(&run.run_id);
     let lease = scope.cx.db.inspect_lease(&key).await?;
     if let Some(l) = &lease {
@@ -294,9 +307,10 @@ pub async fn sync_run(
         (Step::Steal, Some(l)) => steal(scope, run, l, pods, said).await?,
     };
     pods::release_settled(scope, pods, lease.as_ref(), &report).await?;
-    let job = (scope.namespace.as_str(), scope.name.as_str());
-    scope.cx.focus.quiet(job, &run.run_id, quiet);
-    Ok(report)
+    Ok(RunSynced {
+        report,
+        quiet_until: quiet,
+    })
 }
 
 /// A takeover is decided on the pod cache, which may lag the API server (an overloaded
