@@ -54,6 +54,7 @@ async fn cancel_and_release(
         Err(e) => return Err(e),
     };
     let index = index_of(&known);
+    let token = scope.cx.focus.token((&scope.namespace, &scope.name));
     let pods = list_pods(scope).await?;
     let empty = RunPods::new();
     for run in &index.active {
@@ -62,7 +63,6 @@ async fn cancel_and_release(
             Err(e) => return Err(e.into()),
         }
     }
-    let token = scope.cx.focus.token((&scope.namespace, &scope.name));
     let swept = sweep(scope, token, &index.active, &pods, said).await;
     let limits = history_limits(&scope.job.spec);
     let known = update_index(&doc, known, |i| {
@@ -118,6 +118,7 @@ async fn release_pods_then_let_go(scope: &JobScope<'_>) -> Result<Action, Error>
     scope.cx.metrics.job_gone(&scope.namespace, &scope.name);
     scope.cx.skipped.forget(&scope.uid);
     scope.cx.retries.succeeded(&scope.uid);
+    scope.cx.focus.forget((&scope.namespace, &scope.name));
     tracing::info!(job = %scope.name, "active runs cancelled; finalizer removed");
     Ok(Action::await_change())
 }

@@ -686,10 +686,14 @@ fn focus_runs(
     runs: &[ActiveRun],
     plan: &Plan,
 ) -> (Vec<ActiveRun>, Vec<RunStatus>) {
-    // True for a run this pass leaves out.
-    let left_out = |run_id: &String| match plan {
+    // True for a run this pass leaves out, as `status` shows it. A quiet run is running: a
+    // status that shows it otherwise is older (the job cache may lag the controller's own
+    // status write), so that run is swept.
+    let left_out = |run_id: &String, status: &RunStatus| match plan {
         Plan::All => false,
-        Plan::AllBut(quiet) => quiet.contains(run_id),
+        Plan::AllBut(quiet) => {
+            quiet.contains(run_id) && status.phase == crate::run::RunPhase::Running.as_str()
+        }
         Plan::Only(chosen) => !chosen.contains(run_id),
     };
     if *plan == Plan::All {
@@ -704,7 +708,7 @@ fn focus_runs(
     let mut kept = Vec::new();
     for run in runs {
         match shown.iter().find(|s| s.run_id == run.run_id) {
-            Some(status) if left_out(&run.run_id) => kept.push(status.clone()),
+            Some(status) if left_out(&run.run_id, status) => kept.push(status.clone()),
             _ => to_sweep.push(run.clone()),
         }
     }
@@ -833,7 +837,8 @@ pub async fn run(
     // pass sees it. The cache keeps only what reconcile reads of a pod (`pod_cache::trim`),
     // and only a change of that is a cue for a pass (`cues`).
     cx.pod_cache.reset();
-    cx.focus.start();
+    // Every pass sweeps every run until the pod watch's first listing is complete.
+    cx.focus.stop();
     let cache = cx.pod_cache.clone();
     let focus = cx.focus.clone();
     let pod_cues = watcher(pods, watcher::Config::default().labels(LABEL_JOB))

@@ -90,7 +90,8 @@ pub struct Token(u64);
 
 /// Per job, when it was last swept in full, which runs were cued since and which are quiet.
 /// Cheap to clone (shared). Until [`start`](Focus::start) (the controller's pod watch feeds it
-/// from then on), every pass sweeps every run.
+/// from then on, once its listing is complete) and from [`stop`](Focus::stop) (it lists
+/// again), every pass sweeps every run and no run is quiet.
 #[derive(Clone, Default)]
 pub struct Focus {
     jobs: Arc<Mutex<HashMap<(String, String), JobFocus>>>,
@@ -153,9 +154,10 @@ impl Focus {
     }
 
     /// Notes that `run` needs no pass before `until` unless one of its pods is a cue
-    /// ([`crate::run::quiet_until`]), as a pass that began with `token` found; `None` (or a
-    /// cue that came meanwhile: the pass may have seen its pods before it) forgets it, so
-    /// full sweeps include it again.
+    /// ([`crate::run::quiet_until`]), as a pass that began with `token` found; `None`, a
+    /// cue that came meanwhile (the pass may have seen its pods before it), a token older than
+    /// the last [`forget`](Self::forget) or a pod watch that is listing forgets it, so full
+    /// sweeps include it again.
     pub fn quiet(&self, job: JobRef<'_>, token: Token, run: &str, until: Option<DateTime<Utc>>) {
         let Ok(mut jobs) = self.jobs.lock() else {
             return;
