@@ -287,15 +287,28 @@ mod tests {
     use super::*;
     use chrono::TimeZone;
 
-    #[test]
-    fn a_full_sweep_comes_every_interval_whatever_the_cues() {
+    const JOB: JobRef<'static> = ("ns", "j");
+
+    /// A focus fed by a pod watch, the job the tests plan for, and a 10 s sweep interval.
+    fn fed() -> (Focus, JobRef<'static>, Duration) {
         let focus = Focus::default();
         focus.start();
-        let job = ("ns", "j");
-        let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
-        let every = Duration::from_secs(10);
-        let at = |s: i64| t0 + chrono::Duration::seconds(s);
-        focus.swept_all(job, focus.token(job), t0);
+        (focus, JOB, Duration::from_secs(10))
+    }
+
+    fn t0() -> DateTime<Utc> {
+        Utc.timestamp_opt(1_000, 0).unwrap()
+    }
+
+    /// `s` seconds after [`t0`].
+    fn at(s: i64) -> DateTime<Utc> {
+        t0() + chrono::Duration::seconds(s)
+    }
+
+    #[test]
+    fn a_full_sweep_comes_every_interval_whatever_the_cues() {
+        let (focus, job, every) = fed();
+        focus.swept_all(job, focus.token(job), at(0));
         assert_eq!(
             focus.until_due(job, ["r"], at(4), every),
             Duration::from_secs(6)
@@ -319,15 +332,10 @@ mod tests {
 
     #[test]
     fn a_quiet_run_is_left_out_of_timed_sweeps_until_its_time() {
-        let focus = Focus::default();
-        focus.start();
-        let job = ("ns", "j");
-        let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
-        let every = Duration::from_secs(10);
-        let at = |s: i64| t0 + chrono::Duration::seconds(s);
+        let (focus, job, every) = fed();
         let only = |runs: &[&str]| Plan::Only(runs.iter().map(|r| r.to_string()).collect());
         let but = |runs: &[&str]| Plan::AllBut(runs.iter().map(|r| r.to_string()).collect());
-        focus.swept_all(job, focus.token(job), t0);
+        focus.swept_all(job, focus.token(job), at(0));
         focus.quiet(job, focus.token(job), "long", Some(at(45)));
         // One of two runs is quiet: the job is due at the full sweep, which leaves it out.
         assert_eq!(
@@ -375,17 +383,12 @@ mod tests {
 
     #[test]
     fn what_a_pass_learns_is_not_recorded_over_a_forget_or_a_newer_cue() {
-        let focus = Focus::default();
-        focus.start();
-        let job = ("ns", "j");
-        let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
-        let every = Duration::from_secs(10);
-        let at = |s: i64| t0 + chrono::Duration::seconds(s);
+        let (focus, job, every) = fed();
         // A pass began, then the pod watch relisted (or another pass failed).
         let stale = focus.token(job);
-        assert_eq!(focus.plan(job, t0, every, false), Plan::All);
+        assert_eq!(focus.plan(job, at(0), every, false), Plan::All);
         focus.forget(job);
-        focus.swept_all(job, stale, t0);
+        focus.swept_all(job, stale, at(0));
         focus.quiet(job, stale, "r", Some(at(60)));
         assert_eq!(
             focus.plan(job, at(1), every, false),
