@@ -197,7 +197,6 @@ pub async fn run(
     args: Args,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Outcome> {
-    let ttl = Duration::from_secs(args.ttl_seconds);
     let dir = args.shared_dir.as_path();
     // A restarted sidecar must not open its start gate on the previous run's file (the gate
     // also checks that the file's writer still runs).
@@ -220,8 +219,35 @@ pub async fn run(
         }
         None => Db::open(&args.bucket).await?,
     };
+    let outcome = hold(&args, &db, minted, shutdown).await;
+    report_requests(&db, outcome.as_ref().ok());
+    outcome
+}
+
+/// Logs the bucket requests this sidecar made, once, as it ends: what its run cost on top of
+/// the controller's part (docs/benchmarks.md, "The cost of one run").
+fn report_requests(db: &Db, outcome: Option<&Outcome>) {
+    let used = db.store().stats();
+    tracing::info!(
+        gets = used.gets(),
+        puts = used.puts(),
+        other = used.total() - used.gets() - used.puts(),
+        outcome = ?outcome,
+        "bucket requests of this sidecar"
+    );
+}
+
+/// Attaches to the lease and renews it until `shutdown` resolves or the lease is lost.
+async fn hold(
+    args: &Args,
+    db: &Db,
+    minted: Option<Arc<crate::credentials::renewable::Renewable>>,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Outcome> {
+    let ttl = Duration::from_secs(args.ttl_seconds);
+    let dir = args.shared_dir.as_path();
     // A pod that started late may find its first credentials renewed already.
-    refresh_credentials(minted.as_deref(), &db, &args).await;
+    refresh_credentials(minted.as_deref(), db, args).await;
     let Some(mut lease) = db
         .resume_lease(&args.lease_key, &args.holder, args.epoch, ttl)
         .await?
@@ -370,7 +396,7 @@ pub async fn run(
             }
             () = tokio::time::sleep(pause) => {}
         }
-        refresh_credentials(minted.as_deref(), &db, &args).await;
+        refresh_credentials(minted.as_deref(), db, args).await;
         sent_ms = crate::wrap::boot_clock_ms();
         result = lease.lock().await.renew().await;
         from_renewal = true;

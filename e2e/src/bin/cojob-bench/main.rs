@@ -3,6 +3,7 @@
 //! ```text
 //! cojob-bench [--n 10,100] [--ticks 3] [--every 1] [--kwok 1000,10000] [--kwok-every 5]
 //!             [--kwok-ticks 5] [--recovery K] [--recovery-ttl 12,30]
+//!             [--cost K] [--cost-seconds 1,300] [--cost-ttl 30]
 //!             [--metrics 127.0.0.1:18080] [--json OUT] [--merge EARLIER.json] [--check]
 //!             [--docs FILE --command LINE]
 //! ```
@@ -29,10 +30,13 @@
 //! reconcile queue's) come from its `/metrics` (`--metrics`), the API server requests of each
 //! controller from the API server's own `/metrics` (dispatched requests by flow schema).
 //! `--recovery K` then times K recoveries after a pod is deleted and K after a sidecar froze, at each ttl of
-//! `--recovery-ttl` (module `recovery`). `--json` writes the figures, `--docs` the tables and
+//! `--recovery-ttl` (module `recovery`), and `--cost K` counts the bucket requests of K one-shot
+//! runs at each workload duration of `--cost-seconds`, the controller's and the sidecars', against
+//! the formula (module `cost`). `--json` writes the figures, `--docs` the tables and
 //! the plots (module `plots`); `--merge` adds the sizes of an earlier `--json` report that
 //! this run did not measure (each size's table row says when it was measured); `--check`
-//! fails on any duplicate or miss (CI's small run).
+//! fails on any duplicate or miss, a run that does not recover, or a run whose bucket
+//! requests fall outside the formula (CI's small run).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -46,6 +50,7 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
+mod cost;
 mod plots;
 mod recovery;
 
@@ -84,6 +89,23 @@ struct Options {
         value_parser = clap::value_parser!(i64).range(6..=300)
     )]
     recovery_ttls: Vec<i64>,
+    /// One-shot runs to count the bucket requests of, at each workload duration of
+    /// `--cost-seconds` (module `cost`).
+    #[arg(long = "cost", value_name = "K", default_value_t = 0)]
+    costs: usize,
+    /// Workload durations (seconds of `sleep`) whose cost in bucket requests is counted,
+    /// comma-separated.
+    #[arg(
+        long = "cost-seconds",
+        value_name = "SECONDS,SECONDS",
+        value_delimiter = ',',
+        default_value = "1,300",
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    cost_seconds: Vec<u64>,
+    /// The lease ttl (seconds) of the runs whose cost is counted.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(6..=300))]
+    cost_ttl: u64,
     /// The cojob controller's metrics endpoint.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:18080")]
     metrics: String,
@@ -1189,15 +1211,18 @@ struct Report {
     sizes: Vec<SizeResult>,
     #[serde(default)]
     recovery: Vec<recovery::Recovery>,
+    #[serde(default)]
+    cost: Vec<cost::Cost>,
 }
 
 /// Adds to `results` the sizes of an earlier report that this run did not measure (the same
-/// N on the same kind of node), and its recoveries if this run measured none; real nodes
-/// first, then by N.
+/// N on the same kind of node), and its recoveries and costs if this run measured none; real
+/// nodes first, then by N.
 fn merge(
     path: &str,
     results: &mut Vec<SizeResult>,
     recoveries: &mut Vec<recovery::Recovery>,
+    costs: &mut Vec<cost::Cost>,
 ) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     let earlier: Report = serde_json::from_str(&text)
@@ -1214,6 +1239,9 @@ fn merge(
     results.sort_by_key(|r| (r.nodes == Nodes::Kwok, r.n));
     if recoveries.is_empty() {
         *recoveries = earlier.recovery;
+    }
+    if costs.is_empty() {
+        *costs = earlier.cost;
     }
     Ok(())
 }
@@ -1245,13 +1273,20 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+    // The cost of one run, on an idle controller: its counters then hold only these runs.
+    let mut costs = Vec::new();
+    if o.costs > 0 {
+        for &seconds in &o.cost_seconds {
+            costs.push(cost::measure(&client, &o.metrics, seconds, o.cost_ttl, o.costs).await?);
+        }
+    }
     for size in real.chain(kwok).collect::<Vec<_>>() {
         results.push(run_size(&client, &o, size).await?);
     }
     if let Some(path) = &o.merge {
-        merge(path, &mut results, &mut recoveries)?;
+        merge(path, &mut results, &mut recoveries, &mut costs)?;
     }
-    // A run of recoveries only (`--n ''`) has no size to show.
+    // A run of recoveries or costs only (`--n ''`) has no size to show.
     let mut tables = if results.is_empty() {
         String::new()
     } else {
@@ -1259,6 +1294,10 @@ async fn main() -> anyhow::Result<()> {
     };
     if !recoveries.is_empty() {
         tables.push_str(&recovery::table(&recoveries));
+    }
+    if !costs.is_empty() {
+        tables.push('\n');
+        tables.push_str(&cost::table(&costs));
     }
     println!("\n{tables}");
     if let Some(path) = &o.docs {
@@ -1282,7 +1321,7 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(path) = &o.json {
         // The shape of `Report`, which `--merge` reads back.
-        let report = json!({"sizes": &results, "recovery": &recoveries});
+        let report = json!({"sizes": &results, "recovery": &recoveries, "cost": &costs});
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {path}"))?;
     }
@@ -1299,7 +1338,17 @@ async fn main() -> anyhow::Result<()> {
             }
             ensure!(r.cojob.pods > 0, "N = {}: no cojob pod was measured", r.n);
         }
-        println!("bench: check passed: no duplicate, no miss");
+        for c in &costs {
+            ensure!(
+                c.within_formula(),
+                "a run of sleep {} at ttl {} s cost more or less than the formula says: {c:?}",
+                c.sleep_seconds,
+                c.ttl_seconds
+            );
+        }
+        println!(
+            "bench: check passed: no duplicate, no miss, every run's bucket requests within the formula"
+        );
     }
     Ok(())
 }
@@ -1411,8 +1460,15 @@ mod tests {
         // This run measured N = 10 on the real node again: the report's N = 1 000 joins it.
         let mut results: Vec<SizeResult> = vec![serde_json::from_value(size(10, "real")).unwrap()];
         results[0].measured = "now".into();
-        let mut recoveries = Vec::new();
-        merge(path.to_str().unwrap(), &mut results, &mut recoveries).unwrap();
+        let (mut recoveries, mut costs) = (Vec::new(), Vec::new());
+        merge(
+            path.to_str().unwrap(),
+            &mut results,
+            &mut recoveries,
+            &mut costs,
+        )
+        .unwrap();
+        assert!(costs.is_empty(), "a report without costs merges as none");
         std::fs::remove_file(&path).unwrap();
         let kept: Vec<(usize, Nodes, &str)> = results
             .iter()

@@ -1,0 +1,523 @@
+//! The cost of one run in bucket requests, counted on the real node and set against the
+//! formula of docs/benchmarks.md ("The cost of one run, as a formula").
+//!
+//! For each workload duration `d` of `--cost-seconds`, `k` one-shot CoordinatedJobs with lease
+//! ttl `t` (`--cost-ttl`) run `sleep d` side by side in a fresh namespace, on an otherwise idle
+//! controller. Two counters are read:
+//!
+//! - **the controller's**: its `cojob_store_requests_total` (by operation) before the jobs are
+//!   created and once every run is recorded finished, divided by `k`;
+//! - **each sidecar's**: the line `bucket requests of this sidecar` it logs as it ends, read
+//!   from the pod's log under `/var/log/pods`.
+//!
+//! The formula needs what the pods' own timestamps say: `p`, the pod's creation to its
+//! sidecar's start (pending), and `d'`, its workload's start to its end. Its timer passes `P`
+//! are given as a range ([`passes`]), since where each pass falls depends on the phase of the
+//! sidecar's renewals against the controller's clock.
+
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+
+/// The controller's settings the formula depends on: the chart's defaults, which
+/// `e2e/bench/run` installs.
+const SWEEP_INTERVAL_S: f64 = 10.0;
+const SKEW_ALLOWANCE_S: f64 = 5.0;
+
+/// Bucket requests, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Requests {
+    /// Reads.
+    pub gets: f64,
+    /// Writes of every mode (conditional or not).
+    pub puts: f64,
+    /// Deletes and lists.
+    pub other: f64,
+}
+
+impl Requests {
+    fn minus(self, before: Requests) -> Requests {
+        Requests {
+            gets: self.gets - before.gets,
+            puts: self.puts - before.puts,
+            other: self.other - before.other,
+        }
+    }
+
+    fn per(self, k: f64) -> Requests {
+        Requests {
+            gets: self.gets / k,
+            puts: self.puts / k,
+            other: self.other / k,
+        }
+    }
+
+    fn plus(self, o: Requests) -> Requests {
+        Requests {
+            gets: self.gets + o.gets,
+            puts: self.puts + o.puts,
+            other: self.other + o.other,
+        }
+    }
+
+    /// Every request.
+    pub fn total(self) -> f64 {
+        self.gets + self.puts + self.other
+    }
+}
+
+/// The formula's requests for one run: at least `low`, at most `high`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Range {
+    /// The fewest the formula allows.
+    pub low: Requests,
+    /// The most the formula allows.
+    pub high: Requests,
+}
+
+/// The cost of the runs at one workload duration.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Cost {
+    /// The workload's `sleep`, in seconds.
+    pub sleep_seconds: u64,
+    /// The lease ttl, in seconds.
+    pub ttl_seconds: u64,
+    /// Runs measured.
+    pub runs: usize,
+    /// The runs that needed a second attempt (none is expected on an idle node).
+    pub respawned: usize,
+    /// Median pending time (pod created to sidecar started), seconds.
+    pub pending_seconds: f64,
+    /// Median workload time (started to finished), seconds.
+    pub workload_seconds: f64,
+    /// The controller's requests per run.
+    pub controller: Requests,
+    /// The sidecars' requests per run (mean of their own counts).
+    pub sidecar: Requests,
+    /// The formula's range for the controller, for the median run.
+    pub controller_formula: Range,
+    /// The formula's range for a sidecar, for the median run.
+    pub sidecar_formula: Range,
+    /// The controller's reads per run had a timer pass come every sweep interval (the code
+    /// before quiet runs, commit 0528007).
+    pub controller_gets_without_quiet_runs: f64,
+}
+
+impl Cost {
+    /// Whole-run requests: the controller's and the sidecar's.
+    pub fn counted(&self) -> Requests {
+        self.controller.plus(self.sidecar)
+    }
+
+    /// True when both parts are within the formula's range, with one request to spare for
+    /// the pods' whole-second timestamps.
+    pub fn within_formula(&self) -> bool {
+        let within = |c: Requests, r: Range| {
+            c.gets >= r.low.gets - 1.0
+                && c.gets <= r.high.gets + 1.0
+                && c.puts >= r.low.puts - 1.0
+                && c.puts <= r.high.puts + 1.0
+                && c.other == 0.0
+        };
+        within(self.controller, self.controller_formula)
+            && within(self.sidecar, self.sidecar_formula)
+    }
+}
+
+/// The controller's timer passes over a run that waited `p` seconds to start and whose
+/// workload ran `d` seconds, at lease ttl `t`: `(fewest, most)`.
+///
+/// A pending attempt is swept every `m = min(w, t/3)` from its dispatch; the first of those
+/// passes after its sidecar attached finds it running, and from then on it is quiet: the
+/// next pass is due at its lease's deadline plus the skew allowance `s`, which the sidecar's
+/// renewals (every `t/3`) keep `2t/3 + s` to `t + s` ahead of the pass that read it. The pod's
+/// end is a cue, so the pass that records the outcome is not a timer pass. A run that ends
+/// before the first timer pass pays none.
+///
+/// ```text
+/// passes(3.0, 1.0, 30.0)    == (0, 0)   // ends before the first pass, at 10 s
+/// passes(3.0, 300.0, 30.0)  == (1 + 8, 1 + 11)
+/// ```
+pub fn passes(p: f64, d: f64, t: f64) -> (u64, u64) {
+    let m = SWEEP_INTERVAL_S.min(t / 3.0);
+    let end = p + d;
+    let count = |quiet: f64| {
+        let mut n = 0;
+        // Pending passes, up to the first at or after the attach.
+        let mut at = m;
+        while at < end {
+            n += 1;
+            if at >= p {
+                break;
+            }
+            at += m;
+        }
+        if at >= end {
+            return n;
+        }
+        // Quiet passes.
+        at += quiet;
+        while at < end {
+            n += 1;
+            at += quiet;
+        }
+        n
+    };
+    (
+        count(t + SKEW_ALLOWANCE_S),
+        count(2.0 * t / 3.0 + SKEW_ALLOWANCE_S),
+    )
+}
+
+/// The formula's range for the controller and for a sidecar (docs/benchmarks.md).
+pub fn formula(p: f64, d: f64, t: f64) -> (Range, Range) {
+    let (few, many) = passes(p, d, t);
+    // Dispatch: read index and lease, claim, write the index, acquire. Completion: read
+    // index and lease, release, write the index. 2 reads per timer pass.
+    let controller = |n: u64| Requests {
+        gets: 4.0 + 2.0 * n as f64,
+        puts: 5.0,
+        other: 0.0,
+    };
+    // Attach: one read and one compare-and-swap; a renewal every t/3 while the pod runs
+    // (from the sidecar's start, a second or so before the workload's, to its stop, about a
+    // second after); the last renewal as it stops, which marks the epoch stopping.
+    let sidecar = |renewals: f64| Requests {
+        gets: 1.0,
+        puts: 2.0 + renewals,
+        other: 0.0,
+    };
+    (
+        Range {
+            low: controller(few),
+            high: controller(many),
+        },
+        Range {
+            low: sidecar((3.0 * d / t).floor()),
+            high: sidecar((3.0 * (d + 2.0) / t).floor()),
+        },
+    )
+}
+
+/// The controller's bucket requests so far, from its `/metrics`.
+async fn controller_requests(metrics: &str) -> anyhow::Result<Requests> {
+    let text = cojob_e2e::run_tool(
+        "curl",
+        &["-sS", "--fail", &format!("http://{metrics}/metrics")],
+    )
+    .await
+    .with_context(|| format!("scraping the controller's /metrics at {metrics}"))?;
+    Ok(parse_store_requests(&text))
+}
+
+/// Sums `cojob_store_requests_total` by operation.
+fn parse_store_requests(text: &str) -> Requests {
+    let mut r = Requests::default();
+    for line in text.lines() {
+        let Some(labels) = line.strip_prefix("cojob_store_requests_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = labels.rsplit_once("} ") else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        if labels.contains("op=\"get\"") {
+            r.gets += value;
+        } else if labels.contains("op=\"put_") {
+            r.puts += value;
+        } else {
+            r.other += value;
+        }
+    }
+    r
+}
+
+/// The requests a sidecar logged as it ended (its JSON log line).
+fn sidecar_requests(log: &str) -> Option<Requests> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["message"] == "bucket requests of this sidecar")
+        .map(|v| Requests {
+            gets: v["gets"].as_f64().unwrap_or(f64::NAN),
+            puts: v["puts"].as_f64().unwrap_or(f64::NAN),
+            other: v["other"].as_f64().unwrap_or(f64::NAN),
+        })
+}
+
+fn second(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(t.0.as_second(), 0)
+}
+
+/// `(pending, workload)` seconds of an ended run pod, from its timestamps.
+fn timeline(pod: &Pod) -> Option<(f64, f64)> {
+    let status = pod.status.as_ref()?;
+    let created = second(pod.metadata.creation_timestamp.as_ref()?)?;
+    let sidecar = status_started(status_of(
+        status.init_container_statuses.as_ref(),
+        "cojob-sidecar",
+    )?)?;
+    let main = status_of(status.container_statuses.as_ref(), "main")?
+        .terminated
+        .as_ref()?;
+    let (started, finished) = (
+        second(main.started_at.as_ref()?)?,
+        second(main.finished_at.as_ref()?)?,
+    );
+    let secs = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).num_seconds().max(0) as f64;
+    Some((secs(created, sidecar), secs(started, finished)))
+}
+
+/// The state of container `name`.
+fn status_of<'a>(
+    statuses: Option<&'a Vec<ContainerStatus>>,
+    name: &str,
+) -> Option<&'a ContainerState> {
+    statuses?.iter().find(|c| c.name == name)?.state.as_ref()
+}
+
+fn status_started(state: &ContainerState) -> Option<DateTime<Utc>> {
+    if let Some(r) = &state.running {
+        return second(r.started_at.as_ref()?);
+    }
+    second(state.terminated.as_ref()?.started_at.as_ref()?)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// True once job `obj` recorded its run finished.
+fn finished(obj: &kube::core::DynamicObject) -> Option<i64> {
+    let c = &obj.data["status"]["counters"];
+    let ended = ["succeeded", "failed", "cancelled"]
+        .iter()
+        .map(|k| c[k].as_i64().unwrap_or(0))
+        .sum::<i64>();
+    (ended >= 1 && c["active"].as_i64().unwrap_or(1) == 0)
+        .then(|| c["succeeded"].as_i64().unwrap_or(0))
+}
+
+/// Measures `k` runs of `sleep seconds` at lease ttl `ttl` in a fresh namespace.
+pub async fn measure(
+    client: &Client,
+    metrics: &str,
+    seconds: u64,
+    ttl: u64,
+    k: usize,
+) -> anyhow::Result<Cost> {
+    let ns = cojob_e2e::TestNamespace::create(client, &format!("bench-cost-{seconds}")).await;
+    cojob_e2e::provide_store_credentials(client, &ns.name).await;
+    let result = measure_in(client, metrics, &ns.name, seconds, ttl, k).await;
+    let removed = crate::remove_namespace(client, ns, &format!("cost of a {seconds} s run")).await;
+    let cost = result?;
+    removed?;
+    Ok(cost)
+}
+
+async fn measure_in(
+    client: &Client,
+    metrics: &str,
+    ns: &str,
+    seconds: u64,
+    ttl: u64,
+    k: usize,
+) -> anyhow::Result<Cost> {
+    let jobs = crate::coordinated_jobs(client, ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    println!("bench: cost of a run of sleep {seconds} at ttl {ttl} s: {k} one-shot jobs in {ns}");
+    let before = controller_requests(metrics).await?;
+    let sleep = seconds.to_string();
+    for i in 0..k {
+        let job: kube::core::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cojob.dev/v1alpha1",
+            "kind": "CoordinatedJob",
+            "metadata": {"name": format!("cost-{i}")},
+            "spec": {
+                "lease": {"ttlSeconds": ttl},
+                "template": {"spec": crate::pod_spec(crate::Nodes::Real, &["sleep", &sleep])}
+            }
+        }))?;
+        jobs.create(&PostParams::default(), &job).await?;
+    }
+    let limit = Duration::from_secs(seconds + 300);
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let list = jobs.list(&ListParams::default()).await?;
+        let done: Vec<i64> = list.items.iter().filter_map(finished).collect();
+        if done.len() == k {
+            ensure!(
+                done.iter().all(|s| *s == 1),
+                "a run of sleep {seconds} did not succeed: {:?}",
+                list.items
+                    .iter()
+                    .map(|j| &j.data["status"]["counters"])
+                    .collect::<Vec<_>>()
+            );
+            break;
+        }
+        ensure!(
+            t0.elapsed() < limit,
+            "the runs of sleep {seconds} did not finish within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let controller = controller_requests(metrics)
+        .await?
+        .minus(before)
+        .per(k as f64);
+    let mut sidecar = Requests::default();
+    let (mut pending, mut workload, mut respawned) = (Vec::new(), Vec::new(), 0);
+    for i in 0..k {
+        let name = format!("cost-{i}");
+        let list = pods
+            .list(&ListParams::default().labels(&format!("cojob.dev/job={name}")))
+            .await?;
+        if list.items.len() != 1 {
+            respawned += 1;
+        }
+        let pod = list
+            .items
+            .iter()
+            .max_by_key(|p| p.labels().get("cojob.dev/epoch").cloned())
+            .with_context(|| format!("{name}: no run pod"))?;
+        let (p, d) = timeline(pod)
+            .with_context(|| format!("{}: no timeline in its status", pod.name_any()))?;
+        pending.push(p);
+        workload.push(d);
+        let log = cojob_e2e::pod_log_tail(ns, &pod.name_any(), Some("cojob-sidecar"), 1000);
+        let own = sidecar_requests(&log).with_context(|| {
+            format!(
+                "{}: its sidecar logged no bucket requests:\n{log}",
+                pod.name_any()
+            )
+        })?;
+        sidecar = sidecar.plus(own);
+    }
+    let sidecar = sidecar.per(k as f64);
+    let (p, d) = (median(pending), median(workload));
+    let (controller_formula, sidecar_formula) = formula(p, d, ttl as f64);
+    let m = SWEEP_INTERVAL_S.min(ttl as f64 / 3.0);
+    let cost = Cost {
+        sleep_seconds: seconds,
+        ttl_seconds: ttl,
+        runs: k,
+        respawned,
+        pending_seconds: p,
+        workload_seconds: d,
+        controller,
+        sidecar,
+        controller_formula,
+        sidecar_formula,
+        controller_gets_without_quiet_runs: 4.0 + 2.0 * ((p + d) / m).floor(),
+    };
+    println!("bench: {cost:?}");
+    Ok(cost)
+}
+
+fn fmt(r: Requests) -> String {
+    format!("{:.1} + {:.1}", r.gets, r.puts)
+}
+
+fn fmt_range(r: Range) -> String {
+    if r.low == r.high {
+        format!("{:.0} + {:.0}", r.low.gets, r.low.puts)
+    } else {
+        format!(
+            "{:.0}–{:.0} + {:.0}–{:.0}",
+            r.low.gets, r.high.gets, r.low.puts, r.high.puts
+        )
+    }
+}
+
+/// The costs as a Markdown table.
+pub fn table(all: &[Cost]) -> String {
+    let mut t = String::from(
+        "| workload (s) | lease ttl (s) | runs | pending p / workload d (s, median) | controller GET + PUT per run: counted | formula | sidecar GET + PUT per run: counted | formula | whole run, counted | controller GET with a pass every sweep interval (before quiet runs) | within the formula |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for c in all {
+        t.push_str(&format!(
+            "| {} | {} | {}{} | {:.0} / {:.0} | {} | {} | {} | {} | {:.1} | {:.0} | {} |\n",
+            c.sleep_seconds,
+            c.ttl_seconds,
+            c.runs,
+            if c.respawned > 0 {
+                format!(" ({} respawned)", c.respawned)
+            } else {
+                String::new()
+            },
+            c.pending_seconds,
+            c.workload_seconds,
+            fmt(c.controller),
+            fmt_range(c.controller_formula),
+            fmt(c.sidecar),
+            fmt_range(c.sidecar_formula),
+            c.counted().total(),
+            c.controller_gets_without_quiet_runs,
+            if c.within_formula() { "yes" } else { "no" },
+        ));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_run_pays_no_timer_pass_and_a_long_one_pays_its_quiet_passes() {
+        // Ends (3 + 1 s) before the first pass at 10 s.
+        assert_eq!(passes(3.0, 1.0, 30.0), (0, 0));
+        // The pass at 10 s finds it running; then one every 25 to 35 s until 303 s.
+        assert_eq!(passes(3.0, 300.0, 30.0), (1 + 8, 1 + 11));
+        // Pending 25 s at ttl 12: passes at 4, 8, …, 28 (7), the last finds it running.
+        assert_eq!(passes(25.0, 2.0, 12.0).0, 6);
+        assert_eq!(passes(25.0, 10.0, 12.0), (7, 7));
+    }
+
+    #[test]
+    fn the_formula_adds_the_sidecars_renewals_and_its_stop() {
+        let (controller, sidecar) = formula(3.0, 300.0, 30.0);
+        assert_eq!(controller.low.gets, 4.0 + 2.0 * 9.0);
+        assert_eq!(controller.high.puts, 5.0);
+        assert_eq!(sidecar.low.puts, 2.0 + 30.0);
+        assert_eq!(sidecar.low.gets, 1.0);
+    }
+
+    #[test]
+    fn store_requests_are_summed_by_operation() {
+        let text = "# TYPE cojob_store_requests counter\n\
+            cojob_store_requests_total{op=\"get\",outcome=\"ok\"} 7\n\
+            cojob_store_requests_total{op=\"get\",outcome=\"not_found\"} 2\n\
+            cojob_store_requests_total{op=\"put_if_match\",outcome=\"ok\"} 3\n\
+            cojob_store_requests_total{op=\"put_if_absent\",outcome=\"conflict\"} 1\n\
+            cojob_store_requests_total{op=\"list\",outcome=\"ok\"} 0\n\
+            cojob_store_request_duration_seconds_count{op=\"get\"} 9\n";
+        let r = parse_store_requests(text);
+        assert_eq!((r.gets, r.puts, r.other), (9.0, 4.0, 0.0));
+    }
+
+    #[test]
+    fn the_sidecars_last_line_is_read_from_its_log() {
+        let log = "--- /var/log/pods/x/cojob-sidecar/0.log (last 3 lines)\n\
+            {\"level\":\"INFO\",\"message\":\"sidecar attached\"}\n\
+            {\"level\":\"INFO\",\"gets\":1,\"puts\":32,\"other\":0,\"outcome\":\"Some(Stopped)\",\"message\":\"bucket requests of this sidecar\"}\n";
+        assert_eq!(
+            sidecar_requests(log),
+            Some(Requests {
+                gets: 1.0,
+                puts: 32.0,
+                other: 0.0
+            })
+        );
+        assert_eq!(sidecar_requests("no such line"), None);
+    }
+}
