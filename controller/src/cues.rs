@@ -6,8 +6,11 @@
 //!
 //! - **A job event that changed only the status** ([`job_cue`]). The controller's own status
 //!   write would otherwise start a pass after every pass that changed the status. Spec edits
-//!   (the generation), annotations (triggers, cancels, backfills), labels, finalizers and
-//!   deletion are cues.
+//!   (the generation), annotations (triggers, cancels, backfills), labels, other owners'
+//!   finalizers and deletion are cues. cojob's own finalizer is not: the first pass adds it
+//!   and goes on, and a second pass for that write would only read the index again (a
+//!   one-shot job's run paid 1 GET for it). A finalizer of ours that someone removed is put
+//!   back by the next pass, which starts no run before it is back.
 //! - **A pod event that changed nothing reconcile acts on** ([`pod_wakes`]): the pod a pass
 //!   just created, its scheduling, its gate's removal, its start, its containers' progress, a
 //!   finalizer the controller released, and the deletion of a pod whose end was already a cue
@@ -36,8 +39,8 @@ use crate::crd::CoordinatedJob;
 use crate::run::PodView;
 use crate::sweeper::pod_view;
 
-/// The part of a CoordinatedJob whose change starts a pass: everything but its status, as a
-/// hash for kube-runtime's `predicate_filter`.
+/// The part of a CoordinatedJob whose change starts a pass: everything but its status and
+/// cojob's own finalizer, as a hash for kube-runtime's `predicate_filter`.
 ///
 /// ```
 /// use cojob_controller::cues::job_cue;
@@ -53,15 +56,24 @@ use crate::sweeper::pod_view;
 /// let mut asked = job.clone();
 /// asked.metadata.annotations = Some([("trigger.cojob.dev/now".to_string(), "x".to_string())].into());
 /// assert_ne!(job_cue(&job), job_cue(&asked));
+/// let mut claimed = job.clone();
+/// claimed.metadata.finalizers = Some(vec!["cojob.dev/cancel-runs".into()]); // the first pass
+/// assert_eq!(job_cue(&job), job_cue(&claimed));
 /// ```
 pub fn job_cue(job: &CoordinatedJob) -> Option<u64> {
     let meta = &job.metadata;
+    let others: Vec<&String> = meta
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| f.as_str() != crate::reconcile::FINALIZER)
+        .collect();
     let mut hasher = DefaultHasher::new();
     (
         meta.generation,
         &meta.annotations,
         &meta.labels,
-        &meta.finalizers,
+        others,
         meta.deletion_timestamp.is_some(),
     )
         .hash(&mut hasher);
@@ -165,6 +177,30 @@ mod tests {
         let mut value = serde_json::to_value(pod).unwrap();
         value["metadata"]["deletionTimestamp"] = "2026-12-03T18:00:00Z".into();
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn only_other_owners_finalizers_are_job_cues() {
+        let job: CoordinatedJob = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cojob.dev/v1alpha1", "kind": "CoordinatedJob",
+            "metadata": {"name": "j", "generation": 1},
+            "spec": {"template": {"spec": {"containers": []}}}
+        }))
+        .unwrap();
+        let with = |finalizers: &[&str]| {
+            let mut j = job.clone();
+            j.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
+            job_cue(&j)
+        };
+        let ours = crate::reconcile::FINALIZER;
+        assert_eq!(job_cue(&job), with(&[ours]), "the first pass's own write");
+        assert_eq!(
+            with(&[]),
+            with(&[ours]),
+            "ours removed: put back by the next pass"
+        );
+        assert_ne!(with(&[ours]), with(&[ours, "example.com/hold"]));
+        assert_ne!(with(&["example.com/hold"]), with(&[]));
     }
 
     #[test]
