@@ -91,17 +91,21 @@ pub struct Cost {
     pub runs: usize,
     /// The runs that needed a second attempt (none is expected on an idle node).
     pub respawned: usize,
+    /// The controller's clock checks during the window (3 requests each), left out of its
+    /// figures: they are the controller's, every 5 minutes, not the runs'.
+    #[serde(default)]
+    pub clock_checks: f64,
     /// Median pending time (pod created to sidecar started), seconds.
     pub pending_seconds: f64,
-    /// Median workload time (started to finished), seconds.
-    pub workload_seconds: f64,
+    /// Median time from the pod's creation to its end, seconds.
+    pub ended_seconds: f64,
     /// The controller's requests per run.
     pub controller: Requests,
     /// The sidecars' requests per run (mean of their own counts).
     pub sidecar: Requests,
-    /// The formula's range for the controller, for the median run.
+    /// The formula's range for the controller per run (the mean of each run's).
     pub controller_formula: Range,
-    /// The formula's range for a sidecar, for the median run.
+    /// The formula's range for a sidecar per run (the mean of each run's).
     pub sidecar_formula: Range,
     /// The controller's reads per run had a timer pass come every sweep interval (the code
     /// before quiet runs, commit 0528007).
@@ -129,24 +133,39 @@ impl Cost {
     }
 }
 
-/// The controller's timer passes over a run that waited `p` seconds to start and whose
-/// workload ran `d` seconds, at lease ttl `t`: `(fewest, most)`.
+/// One run pod's timeline, from its own timestamps (whole seconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timeline {
+    /// Its creation (the dispatch) to its sidecar's start.
+    pub pending: f64,
+    /// Its creation to its end (the sidecar's, the last container to stop), when the cue that
+    /// records its outcome comes.
+    pub ended: f64,
+    /// Its sidecar's start to its stop: the time it renewed.
+    pub sidecar: f64,
+    /// Its workload's start to its end.
+    pub workload: f64,
+}
+
+/// The controller's timer passes over a run whose pod, created at the dispatch, started its
+/// sidecar at `p` and ended at `e` seconds, at lease ttl `t`: `(fewest, most)`.
 ///
 /// A pending attempt is swept every `m = min(w, t/3)` from its dispatch; the first of those
 /// passes after its sidecar attached finds it running, and from then on it is quiet: the
 /// next pass is due at its lease's deadline plus the skew allowance `s`, which the sidecar's
 /// renewals (every `t/3`) keep `2t/3 + s` to `t + s` ahead of the pass that read it. The pod's
-/// end is a cue, so the pass that records the outcome is not a timer pass. A run that ends
-/// before the first timer pass pays none.
+/// end is a cue, so the pass that records the outcome is not a timer pass. A pod that ends
+/// before the first timer pass pays none. The timestamps are whole seconds, and the end's
+/// cue reaches its pass after the watch and the debounce (0.5 s), so the fewest takes `p` and
+/// `e` a second earlier, the most `p` a second later and `e` two.
 ///
 /// ```text
-/// passes(3.0, 1.0, 30.0)    == (0, 0)   // ends before the first pass, at 10 s
-/// passes(3.0, 300.0, 30.0)  == (1 + 8, 1 + 11)
+/// passes(2.0, 4.0, 30.0)    == (0, 0)          // ends before the first pass, at 10 s
+/// passes(1.0, 302.0, 30.0)  == (1 + 8, 1 + 11)  // a pass at 10 s, then every 25 to 35 s
 /// ```
-pub fn passes(p: f64, d: f64, t: f64) -> (u64, u64) {
+pub fn passes(p: f64, e: f64, t: f64) -> (u64, u64) {
     let m = SWEEP_INTERVAL_S.min(t / 3.0);
-    let end = p + d;
-    let count = |quiet: f64| {
+    let count = |p: f64, end: f64, quiet: f64| {
         let mut n = 0;
         // Pending passes, up to the first at or after the attach.
         let mut at = m;
@@ -169,14 +188,15 @@ pub fn passes(p: f64, d: f64, t: f64) -> (u64, u64) {
         n
     };
     (
-        count(t + SKEW_ALLOWANCE_S),
-        count(2.0 * t / 3.0 + SKEW_ALLOWANCE_S),
+        count((p - 1.0).max(0.0), (e - 1.0).max(0.0), t + SKEW_ALLOWANCE_S),
+        count(p + 1.0, e + 2.0, 2.0 * t / 3.0 + SKEW_ALLOWANCE_S),
     )
 }
 
-/// The formula's range for the controller and for a sidecar (docs/benchmarks.md).
-pub fn formula(p: f64, d: f64, t: f64) -> (Range, Range) {
-    let (few, many) = passes(p, d, t);
+/// The formula's range for the controller and for a sidecar (docs/benchmarks.md), for one
+/// run pod's timeline at lease ttl `t`.
+pub fn formula(run: &Timeline, t: f64) -> (Range, Range) {
+    let (few, many) = passes(run.pending, run.ended, t);
     // Dispatch: read index and lease, claim, write the index, acquire. Completion: read
     // index and lease, release, write the index. 2 reads per timer pass.
     let controller = |n: u64| Requests {
@@ -184,12 +204,11 @@ pub fn formula(p: f64, d: f64, t: f64) -> (Range, Range) {
         puts: 5.0,
         other: 0.0,
     };
-    // Attach: one read and one compare-and-swap; a renewal every t/3 while the pod runs
-    // (from the sidecar's start, a second or so before the workload's, to its stop, about a
-    // second after); the last renewal as it stops, which marks the epoch stopping.
-    let sidecar = |renewals: f64| Requests {
+    // Attach: one read and one compare-and-swap; a renewal every t/3 while it runs; the last
+    // renewal as it stops, which marks the epoch stopping.
+    let sidecar = |lived: f64| Requests {
         gets: 1.0,
-        puts: 2.0 + renewals,
+        puts: 2.0 + (3.0 * lived.max(0.0) / t).floor(),
         other: 0.0,
     };
     (
@@ -198,14 +217,31 @@ pub fn formula(p: f64, d: f64, t: f64) -> (Range, Range) {
             high: controller(many),
         },
         Range {
-            low: sidecar((3.0 * d / t).floor()),
-            high: sidecar((3.0 * (d + 2.0) / t).floor()),
+            low: sidecar(run.sidecar - 1.0),
+            high: sidecar(run.sidecar + 1.0),
         },
     )
 }
 
-/// The controller's bucket requests so far, from its `/metrics`.
-async fn controller_requests(metrics: &str) -> anyhow::Result<Requests> {
+impl Range {
+    fn plus(self, o: Range) -> Range {
+        Range {
+            low: self.low.plus(o.low),
+            high: self.high.plus(o.high),
+        }
+    }
+
+    fn per(self, k: f64) -> Range {
+        Range {
+            low: self.low.per(k),
+            high: self.high.per(k),
+        }
+    }
+}
+
+/// The controller's bucket requests so far, from its `/metrics`, and how many of its clock
+/// checks they hold.
+async fn controller_requests(metrics: &str) -> anyhow::Result<(Requests, f64)> {
     let text = cojob_e2e::run_tool(
         "curl",
         &["-sS", "--fail", &format!("http://{metrics}/metrics")],
@@ -215,9 +251,11 @@ async fn controller_requests(metrics: &str) -> anyhow::Result<Requests> {
     Ok(parse_store_requests(&text))
 }
 
-/// Sums `cojob_store_requests_total` by operation.
-fn parse_store_requests(text: &str) -> Requests {
-    let mut r = Requests::default();
+/// Sums `cojob_store_requests_total` by operation, and counts the controller's clock checks
+/// (`Store::clock_offset`, every 5 minutes: a write, a read and a delete of a scratch object;
+/// nothing else the controller does deletes).
+fn parse_store_requests(text: &str) -> (Requests, f64) {
+    let (mut r, mut deletes) = (Requests::default(), 0.0);
     for line in text.lines() {
         let Some(labels) = line.strip_prefix("cojob_store_requests_total{") else {
             continue;
@@ -234,9 +272,12 @@ fn parse_store_requests(text: &str) -> Requests {
             r.puts += value;
         } else {
             r.other += value;
+            if labels.contains("op=\"delete\"") {
+                deletes += value;
+            }
         }
     }
-    r
+    (r, deletes)
 }
 
 /// The requests a sidecar logged as it ended (its JSON log line).
@@ -255,23 +296,32 @@ fn second(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<Da
     DateTime::from_timestamp(t.0.as_second(), 0)
 }
 
-/// `(pending, workload)` seconds of an ended run pod, from its timestamps.
-fn timeline(pod: &Pod) -> Option<(f64, f64)> {
+/// The timeline of an ended run pod, from its timestamps.
+fn timeline(pod: &Pod) -> Option<Timeline> {
     let status = pod.status.as_ref()?;
     let created = second(pod.metadata.creation_timestamp.as_ref()?)?;
-    let sidecar = status_started(status_of(
-        status.init_container_statuses.as_ref(),
-        "cojob-sidecar",
-    )?)?;
+    let sidecar = status_of(status.init_container_statuses.as_ref(), "cojob-sidecar")?
+        .terminated
+        .as_ref()?;
     let main = status_of(status.container_statuses.as_ref(), "main")?
         .terminated
         .as_ref()?;
+    let at = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| second(t?);
+    let (sidecar_started, sidecar_stopped) = (
+        at(sidecar.started_at.as_ref())?,
+        at(sidecar.finished_at.as_ref())?,
+    );
     let (started, finished) = (
-        second(main.started_at.as_ref()?)?,
-        second(main.finished_at.as_ref()?)?,
+        at(main.started_at.as_ref())?,
+        at(main.finished_at.as_ref())?,
     );
     let secs = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).num_seconds().max(0) as f64;
-    Some((secs(created, sidecar), secs(started, finished)))
+    Some(Timeline {
+        pending: secs(created, sidecar_started),
+        ended: secs(created, sidecar_stopped.max(finished)),
+        sidecar: secs(sidecar_started, sidecar_stopped),
+        workload: secs(started, finished),
+    })
 }
 
 /// The state of container `name`.
@@ -280,13 +330,6 @@ fn status_of<'a>(
     name: &str,
 ) -> Option<&'a ContainerState> {
     statuses?.iter().find(|c| c.name == name)?.state.as_ref()
-}
-
-fn status_started(state: &ContainerState) -> Option<DateTime<Utc>> {
-    if let Some(r) = &state.running {
-        return second(r.started_at.as_ref()?);
-    }
-    second(state.terminated.as_ref()?.started_at.as_ref()?)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -333,7 +376,7 @@ async fn measure_in(
     let jobs = crate::coordinated_jobs(client, ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     println!("bench: cost of a run of sleep {seconds} at ttl {ttl} s: {k} one-shot jobs in {ns}");
-    let before = controller_requests(metrics).await?;
+    let (before, checks_before) = controller_requests(metrics).await?;
     let sleep = seconds.to_string();
     for i in 0..k {
         let job: kube::core::DynamicObject = serde_json::from_value(json!({
@@ -369,12 +412,20 @@ async fn measure_in(
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let controller = controller_requests(metrics)
-        .await?
-        .minus(before)
-        .per(k as f64);
+    let (after, checks_after) = controller_requests(metrics).await?;
+    // The clock checks that fell in the window are the controller's, not the runs'.
+    let clock_checks = checks_after - checks_before;
+    let check = Requests {
+        gets: clock_checks,
+        puts: clock_checks,
+        other: clock_checks,
+    };
+    let controller = after.minus(before).minus(check).per(k as f64);
     let mut sidecar = Requests::default();
-    let (mut pending, mut workload, mut respawned) = (Vec::new(), Vec::new(), 0);
+    let (mut controller_formula, mut sidecar_formula) = (Range::default(), Range::default());
+    let (mut pending, mut ended, mut without_quiet) = (Vec::new(), Vec::new(), 0.0);
+    let mut respawned = 0;
+    let m = SWEEP_INTERVAL_S.min(ttl as f64 / 3.0);
     for i in 0..k {
         let name = format!("cost-{i}");
         let list = pods
@@ -388,10 +439,15 @@ async fn measure_in(
             .iter()
             .max_by_key(|p| p.labels().get("cojob.dev/epoch").cloned())
             .with_context(|| format!("{name}: no run pod"))?;
-        let (p, d) = timeline(pod)
+        let run = timeline(pod)
             .with_context(|| format!("{}: no timeline in its status", pod.name_any()))?;
-        pending.push(p);
-        workload.push(d);
+        let (c, s) = formula(&run, ttl as f64);
+        controller_formula = controller_formula.plus(c);
+        sidecar_formula = sidecar_formula.plus(s);
+        // A timer pass every m until the pod's end, as before quiet runs.
+        without_quiet += 4.0 + 2.0 * ((run.ended - 0.5) / m).floor().max(0.0);
+        pending.push(run.pending);
+        ended.push(run.ended);
         let log = cojob_e2e::pod_log_tail(ns, &pod.name_any(), Some("cojob-sidecar"), 1000);
         let own = sidecar_requests(&log).with_context(|| {
             format!(
@@ -401,22 +457,20 @@ async fn measure_in(
         })?;
         sidecar = sidecar.plus(own);
     }
-    let sidecar = sidecar.per(k as f64);
-    let (p, d) = (median(pending), median(workload));
-    let (controller_formula, sidecar_formula) = formula(p, d, ttl as f64);
-    let m = SWEEP_INTERVAL_S.min(ttl as f64 / 3.0);
+    let per = k as f64;
     let cost = Cost {
         sleep_seconds: seconds,
         ttl_seconds: ttl,
         runs: k,
         respawned,
-        pending_seconds: p,
-        workload_seconds: d,
+        clock_checks,
+        pending_seconds: median(pending),
+        ended_seconds: median(ended),
         controller,
-        sidecar,
-        controller_formula,
-        sidecar_formula,
-        controller_gets_without_quiet_runs: 4.0 + 2.0 * ((p + d) / m).floor(),
+        sidecar: sidecar.per(per),
+        controller_formula: controller_formula.per(per),
+        sidecar_formula: sidecar_formula.per(per),
+        controller_gets_without_quiet_runs: without_quiet / per,
     };
     println!("bench: {cost:?}");
     Ok(cost)
@@ -440,7 +494,7 @@ fn fmt_range(r: Range) -> String {
 /// The costs as a Markdown table.
 pub fn table(all: &[Cost]) -> String {
     let mut t = String::from(
-        "| workload (s) | lease ttl (s) | runs | pending p / workload d (s, median) | controller GET + PUT per run: counted | formula | sidecar GET + PUT per run: counted | formula | whole run, counted | controller GET with a pass every sweep interval (before quiet runs) | within the formula |\n\
+        "| workload (s) | lease ttl (s) | runs | pod pending p / ended e (s after its creation, median) | controller GET + PUT per run: counted | formula | sidecar GET + PUT per run: counted | formula | whole run, counted | controller GET with a pass every sweep interval (before quiet runs) | within the formula |\n\
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for c in all {
@@ -455,7 +509,7 @@ pub fn table(all: &[Cost]) -> String {
                 String::new()
             },
             c.pending_seconds,
-            c.workload_seconds,
+            c.ended_seconds,
             fmt(c.controller),
             fmt_range(c.controller_formula),
             fmt(c.sidecar),
@@ -463,6 +517,13 @@ pub fn table(all: &[Cost]) -> String {
             c.counted().total(),
             c.controller_gets_without_quiet_runs,
             if c.within_formula() { "yes" } else { "no" },
+        ));
+    }
+    let checks: f64 = all.iter().map(|c| c.clock_checks).sum();
+    if checks > 0.0 {
+        t.push_str(&format!(
+            "\nLeft out of the controller's figures: {checks:.0} clock checks that fell in the \
+             windows (a write, a read and a delete each, every 5 minutes, whatever the runs).\n"
         ));
     }
     t
@@ -474,21 +535,32 @@ mod tests {
 
     #[test]
     fn a_short_run_pays_no_timer_pass_and_a_long_one_pays_its_quiet_passes() {
-        // Ends (3 + 1 s) before the first pass at 10 s.
-        assert_eq!(passes(3.0, 1.0, 30.0), (0, 0));
-        // The pass at 10 s finds it running; then one every 25 to 35 s until 303 s.
-        assert_eq!(passes(3.0, 300.0, 30.0), (1 + 8, 1 + 11));
-        // Pending 25 s at ttl 12: passes at 4, 8, …, 28 (7), the last finds it running.
-        assert_eq!(passes(25.0, 2.0, 12.0).0, 6);
-        assert_eq!(passes(25.0, 10.0, 12.0), (7, 7));
+        // Ends at 4 s (at most 6 s), before the first pass at 10 s.
+        assert_eq!(passes(2.0, 4.0, 30.0), (0, 0));
+        // The pass at 10 s finds it running; then one every 25 to 35 s until it ends.
+        assert_eq!(passes(1.0, 302.0, 30.0), (1 + 8, 1 + 11));
+        // At ttl 12 s a pod ended at 3 s may still be running at the first pass, at 4 s.
+        assert_eq!(passes(0.0, 3.0, 12.0), (0, 1));
+        // Pending 25 s at ttl 12: passes at 4, 8, …, 24, and at 28 if it had started by then.
+        assert_eq!(passes(25.0, 27.0, 12.0), (6, 7));
     }
 
     #[test]
     fn the_formula_adds_the_sidecars_renewals_and_its_stop() {
-        let (controller, sidecar) = formula(3.0, 300.0, 30.0);
+        let run = Timeline {
+            pending: 1.0,
+            ended: 302.0,
+            sidecar: 301.0,
+            workload: 300.0,
+        };
+        let (controller, sidecar) = formula(&run, 30.0);
         assert_eq!(controller.low.gets, 4.0 + 2.0 * 9.0);
+        assert_eq!(controller.high.gets, 4.0 + 2.0 * 12.0);
         assert_eq!(controller.high.puts, 5.0);
-        assert_eq!(sidecar.low.puts, 2.0 + 30.0);
+        assert_eq!(
+            (sidecar.low.puts, sidecar.high.puts),
+            (2.0 + 30.0, 2.0 + 30.0)
+        );
         assert_eq!(sidecar.low.gets, 1.0);
     }
 
@@ -501,8 +573,13 @@ mod tests {
             cojob_store_requests_total{op=\"put_if_absent\",outcome=\"conflict\"} 1\n\
             cojob_store_requests_total{op=\"list\",outcome=\"ok\"} 0\n\
             cojob_store_request_duration_seconds_count{op=\"get\"} 9\n";
-        let r = parse_store_requests(text);
+        let (r, checks) = parse_store_requests(text);
         assert_eq!((r.gets, r.puts, r.other), (9.0, 4.0, 0.0));
+        assert_eq!(checks, 0.0);
+        let clock = "cojob_store_requests_total{op=\"put_overwrite\",outcome=\"ok\"} 1\n\
+            cojob_store_requests_total{op=\"delete\",outcome=\"ok\"} 1\n";
+        let (r, checks) = parse_store_requests(clock);
+        assert_eq!((r.puts, r.other, checks), (1.0, 1.0, 1.0));
     }
 
     #[test]
