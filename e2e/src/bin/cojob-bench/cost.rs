@@ -445,7 +445,7 @@ async fn measure_in(
         controller_formula = controller_formula.plus(c);
         sidecar_formula = sidecar_formula.plus(s);
         // A timer pass every m until the pod's end, as before quiet runs.
-        without_quiet += 4.0 + 2.0 * ((run.ended - 0.5) / m).floor().max(0.0);
+        without_quiet += 4.0 + 2.0 * ((run.ended + 1.0) / m).floor();
         pending.push(run.pending);
         ended.push(run.ended);
         let log = cojob_e2e::pod_log_tail(ns, &pod.name_any(), Some("cojob-sidecar"), 1000);
@@ -481,14 +481,18 @@ fn fmt(r: Requests) -> String {
 }
 
 fn fmt_range(r: Range) -> String {
-    if r.low == r.high {
-        format!("{:.0} + {:.0}", r.low.gets, r.low.puts)
-    } else {
-        format!(
-            "{:.0}–{:.0} + {:.0}–{:.0}",
-            r.low.gets, r.high.gets, r.low.puts, r.high.puts
-        )
-    }
+    let one = |low: f64, high: f64| {
+        if low == high {
+            format!("{low:.0}")
+        } else {
+            format!("{low:.0}–{high:.0}")
+        }
+    };
+    format!(
+        "{} + {}",
+        one(r.low.gets, r.high.gets),
+        one(r.low.puts, r.high.puts)
+    )
 }
 
 /// The costs as a Markdown table.
@@ -522,8 +526,8 @@ pub fn table(all: &[Cost]) -> String {
     let checks: f64 = all.iter().map(|c| c.clock_checks).sum();
     if checks > 0.0 {
         t.push_str(&format!(
-            "\nLeft out of the controller's figures: {checks:.0} clock checks that fell in the \
-             windows (a write, a read and a delete each, every 5 minutes, whatever the runs).\n"
+            "\nLeft out of the controller's figures: the clock checks that fell in the windows \
+             ({checks:.0}; a write, a read and a delete each, every 5 minutes, whatever the runs).\n"
         ));
     }
     t
