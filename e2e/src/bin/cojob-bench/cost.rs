@@ -20,9 +20,9 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod};
-use kube::api::{ListParams, PostParams};
+use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// The controller's settings the formula depends on: the chart's defaults, which
 /// `e2e/bench/run` installs.
@@ -242,13 +242,7 @@ impl Range {
 /// The controller's bucket requests so far, from its `/metrics`, and how many of its clock
 /// checks they hold.
 async fn controller_requests(metrics: &str) -> anyhow::Result<(Requests, f64)> {
-    let text = cojob_e2e::run_tool(
-        "curl",
-        &["-sS", "--fail", &format!("http://{metrics}/metrics")],
-    )
-    .await
-    .with_context(|| format!("scraping the controller's /metrics at {metrics}"))?;
-    Ok(parse_store_requests(&text))
+    Ok(parse_store_requests(&crate::scrape(metrics).await?))
 }
 
 /// Sums `cojob_store_requests_total` by operation, and counts the controller's clock checks
@@ -377,18 +371,8 @@ async fn measure_in(
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     println!("bench: cost of a run of sleep {seconds} at ttl {ttl} s: {k} one-shot jobs in {ns}");
     let (before, checks_before) = controller_requests(metrics).await?;
-    let sleep = seconds.to_string();
     for i in 0..k {
-        let job: kube::core::DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cojob.dev/v1alpha1",
-            "kind": "CoordinatedJob",
-            "metadata": {"name": format!("cost-{i}")},
-            "spec": {
-                "lease": {"ttlSeconds": ttl},
-                "template": {"spec": crate::pod_spec(crate::Nodes::Real, &["sleep", &sleep])}
-            }
-        }))?;
-        jobs.create(&PostParams::default(), &job).await?;
+        crate::create_one_shot(&jobs, &format!("cost-{i}"), ttl, seconds).await?;
     }
     let limit = Duration::from_secs(seconds + 300);
     let t0 = tokio::time::Instant::now();

@@ -195,6 +195,38 @@ fn pod_spec(nodes: Nodes, command: &[&str]) -> Value {
     spec
 }
 
+/// Creates a one-shot CoordinatedJob `name` (no schedule: it runs once) on the real node, with
+/// lease ttl `ttl` seconds, whose workload sleeps `seconds`.
+async fn create_one_shot(
+    jobs: &Api<DynamicObject>,
+    name: &str,
+    ttl: u64,
+    seconds: u64,
+) -> anyhow::Result<()> {
+    let sleep = seconds.to_string();
+    let job: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cojob.dev/v1alpha1",
+        "kind": "CoordinatedJob",
+        "metadata": {"name": name},
+        "spec": {
+            "lease": {"ttlSeconds": ttl},
+            "template": {"spec": pod_spec(Nodes::Real, &["sleep", &sleep])}
+        }
+    }))?;
+    jobs.create(&PostParams::default(), &job).await?;
+    Ok(())
+}
+
+/// The controller's `/metrics` text.
+async fn scrape(metrics: &str) -> anyhow::Result<String> {
+    cojob_e2e::run_tool(
+        "curl",
+        &["-sS", "--fail", &format!("http://{metrics}/metrics")],
+    )
+    .await
+    .with_context(|| format!("scraping the controller's /metrics at {metrics}"))
+}
+
 fn coordinated_jobs(client: &Client, ns: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("cojob.dev", "v1alpha1", "CoordinatedJob");
     Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
@@ -517,12 +549,7 @@ impl Pickup {
 /// What the controller's `/metrics` says so far: the sum of its bucket request counters, and
 /// its `cojob_tick_pickup_seconds` histogram.
 async fn controller_metrics(metrics: &str) -> anyhow::Result<(f64, Pickup)> {
-    let text = cojob_e2e::run_tool(
-        "curl",
-        &["-sS", "--fail", &format!("http://{metrics}/metrics")],
-    )
-    .await
-    .with_context(|| format!("scraping the controller's /metrics at {metrics}"))?;
+    let text = scrape(metrics).await?;
     let (mut requests, mut h) = (0.0, Pickup::default());
     for line in text.lines() {
         let Some((name, value)) = line.rsplit_once(' ') else {

@@ -25,9 +25,8 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
 /// The controller's settings the bound depends on: the chart's defaults, which
 /// `e2e/bench/run` installs.
@@ -177,20 +176,11 @@ async fn measure_in(
     println!("bench: recovery from {fault:?} at ttl {ttl} s: {k} one-shot jobs in {ns}");
     let limit = wait_limit(ttl);
     // Outlives both waits of `one` (for the first pod, then for its replacement).
-    let sleep = (limit.as_secs() * 2 + 60).to_string();
+    let sleep = limit.as_secs() * 2 + 60;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..k {
         let name = format!("rec-{i}");
-        let job: kube::core::DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cojob.dev/v1alpha1",
-            "kind": "CoordinatedJob",
-            "metadata": {"name": name},
-            "spec": {
-                "lease": {"ttlSeconds": ttl},
-                "template": {"spec": crate::pod_spec(crate::Nodes::Real, &["sleep", &sleep])}
-            }
-        }))?;
-        jobs.create(&PostParams::default(), &job).await?;
+        crate::create_one_shot(&jobs, &name, u64::try_from(ttl)?, sleep).await?;
         tasks.spawn(one(pods.clone(), name, fault, limit));
     }
     let mut seconds = Vec::new();
