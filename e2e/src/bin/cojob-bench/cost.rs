@@ -10,10 +10,11 @@
 //! - **each sidecar's**: the line `bucket requests of this sidecar` it logs as it ends, read
 //!   from the pod's log under `/var/log/pods`.
 //!
-//! The formula needs what the pods' own timestamps say: `p`, the pod's creation to its
-//! sidecar's start (pending), and `d'`, its workload's start to its end. Its timer passes `P`
-//! are given as a range ([`passes`]), since where each pass falls depends on the phase of the
-//! sidecar's renewals against the controller's clock.
+//! The formula needs what each pod's own timestamps say ([`Timeline`]): `p`, its creation to
+//! its sidecar's start (pending), `e`, its creation to its end (the cue that records the
+//! outcome), and how long its sidecar ran (its renewals). Its timer passes `P` are given as a
+//! range ([`passes`]): where each pass falls depends on the phase of the sidecar's renewals
+//! against the controller's clock, and the timestamps are whole seconds.
 
 use std::time::Duration;
 
