@@ -466,11 +466,16 @@ fn fmt(r: Requests) -> String {
 }
 
 fn fmt_range(r: Range) -> String {
+    // Means over the runs: whole numbers as such, others to a tenth.
+    let num = |x: f64| {
+        let s = format!("{x:.1}");
+        s.strip_suffix(".0").map_or(s.clone(), str::to_owned)
+    };
     let one = |low: f64, high: f64| {
-        if low == high {
-            format!("{low:.0}")
+        if num(low) == num(high) {
+            num(low)
         } else {
-            format!("{low:.0}–{high:.0}")
+            format!("{}–{}", num(low), num(high))
         }
     };
     format!(
@@ -551,6 +556,25 @@ mod tests {
             (2.0 + 30.0, 2.0 + 30.0)
         );
         assert_eq!(sidecar.low.gets, 1.0);
+    }
+
+    #[test]
+    fn a_range_shows_its_ends_to_a_tenth() {
+        let r = |gets: f64, puts: f64| Requests {
+            gets,
+            puts,
+            other: 0.0,
+        };
+        let range = Range {
+            low: r(4.0, 2.0),
+            high: r(6.0, 2.5),
+        };
+        assert_eq!(fmt_range(range), "4–6 + 2–2.5");
+        let exact = Range {
+            low: r(4.0, 5.0),
+            high: r(4.0, 5.0),
+        };
+        assert_eq!(fmt_range(exact), "4 + 5");
     }
 
     #[test]
