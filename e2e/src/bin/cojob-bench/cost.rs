@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
@@ -119,8 +119,8 @@ impl Cost {
         self.controller.plus(self.sidecar)
     }
 
-    /// True when both parts are within the formula's range, with one request to spare for
-    /// the pods' whole-second timestamps.
+    /// True when both parts are within one request of the formula's range (the range itself
+    /// allows for the pods' whole-second timestamps), and nothing else was requested.
     pub fn within_formula(&self) -> bool {
         let within = |c: Requests, r: Range| {
             c.gets >= r.low.gets - 1.0
@@ -144,8 +144,6 @@ pub struct Timeline {
     pub ended: f64,
     /// Its sidecar's start to its stop: the time it renewed.
     pub sidecar: f64,
-    /// Its workload's start to its end.
-    pub workload: f64,
 }
 
 /// The controller's timer passes over a run whose pod, created at the dispatch, started its
@@ -287,44 +285,26 @@ fn sidecar_requests(log: &str) -> Option<Requests> {
         })
 }
 
-fn second(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<DateTime<Utc>> {
-    DateTime::from_timestamp(t.0.as_second(), 0)
-}
-
 /// The timeline of an ended run pod, from its timestamps.
 fn timeline(pod: &Pod) -> Option<Timeline> {
-    let status = pod.status.as_ref()?;
-    let created = second(pod.metadata.creation_timestamp.as_ref()?)?;
-    let sidecar = status_of(status.init_container_statuses.as_ref(), "cojob-sidecar")?
+    let sidecar = crate::container_state(pod, "cojob-sidecar", true)?
         .terminated
         .as_ref()?;
-    let main = status_of(status.container_statuses.as_ref(), "main")?
+    let main = crate::container_state(pod, "main", false)?
         .terminated
         .as_ref()?;
-    let at = |t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| second(t?);
+    let created = crate::created(pod)?;
     let (sidecar_started, sidecar_stopped) = (
-        at(sidecar.started_at.as_ref())?,
-        at(sidecar.finished_at.as_ref())?,
+        crate::second(sidecar.started_at.as_ref()?)?,
+        crate::second(sidecar.finished_at.as_ref()?)?,
     );
-    let (started, finished) = (
-        at(main.started_at.as_ref())?,
-        at(main.finished_at.as_ref())?,
-    );
+    let finished = crate::second(main.finished_at.as_ref()?)?;
     let secs = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).num_seconds().max(0) as f64;
     Some(Timeline {
         pending: secs(created, sidecar_started),
         ended: secs(created, sidecar_stopped.max(finished)),
         sidecar: secs(sidecar_started, sidecar_stopped),
-        workload: secs(started, finished),
     })
-}
-
-/// The state of container `name`.
-fn status_of<'a>(
-    statuses: Option<&'a Vec<ContainerStatus>>,
-    name: &str,
-) -> Option<&'a ContainerState> {
-    statuses?.iter().find(|c| c.name == name)?.state.as_ref()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -545,7 +525,6 @@ mod tests {
             pending: 1.0,
             ended: 302.0,
             sidecar: 301.0,
-            workload: 300.0,
         };
         let (controller, sidecar) = formula(&run, 30.0);
         assert_eq!(controller.low.gets, 4.0 + 2.0 * 9.0);

@@ -44,7 +44,7 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use chrono::{DateTime, Timelike, Utc};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerState, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, Client, ResourceExt};
@@ -357,14 +357,24 @@ fn figures(
     }
 }
 
-fn main_started(pod: &Pod) -> Option<DateTime<Utc>> {
+/// An API timestamp, to the whole second the API gives.
+fn second(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<DateTime<Utc>> {
+    DateTime::from_timestamp(t.0.as_second(), 0)
+}
+
+/// The state of the pod's container (or init container) `name`.
+fn container_state<'a>(pod: &'a Pod, name: &str, init: bool) -> Option<&'a ContainerState> {
     let status = pod.status.as_ref()?;
-    let main = status
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == "main")?;
-    let state = main.state.as_ref()?;
+    let statuses = if init {
+        status.init_container_statuses.as_ref()
+    } else {
+        status.container_statuses.as_ref()
+    };
+    statuses?.iter().find(|c| c.name == name)?.state.as_ref()
+}
+
+fn main_started(pod: &Pod) -> Option<DateTime<Utc>> {
+    let state = container_state(pod, "main", false)?;
     let at = state
         .running
         .as_ref()
@@ -375,12 +385,11 @@ fn main_started(pod: &Pod) -> Option<DateTime<Utc>> {
                 .as_ref()
                 .and_then(|t| t.started_at.as_ref())
         })?;
-    DateTime::from_timestamp(at.0.as_second(), 0)
+    second(at)
 }
 
 fn created(pod: &Pod) -> Option<DateTime<Utc>> {
-    let t = pod.metadata.creation_timestamp.as_ref()?;
-    DateTime::from_timestamp(t.0.as_second(), 0)
+    second(pod.metadata.creation_timestamp.as_ref()?)
 }
 
 /// CPU seconds and resident bytes of the processes whose arguments satisfy `is_it` (the

@@ -66,16 +66,12 @@ impl Recovery {
     }
 }
 
+/// When the workload of a pod that still runs it started.
 fn workload_started(pod: &Pod) -> Option<DateTime<Utc>> {
-    let main = pod
-        .status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == "main")?;
-    let at = main.state.as_ref()?.running.as_ref()?.started_at.as_ref()?;
-    DateTime::from_timestamp(at.0.as_second(), 0)
+    let running = crate::container_state(pod, "main", false)?
+        .running
+        .as_ref()?;
+    crate::second(running.started_at.as_ref()?)
 }
 
 fn epoch(pod: &Pod) -> u64 {
