@@ -149,6 +149,28 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// True when the store is at fault (unreachable, failing, refusing the credentials, or
+    /// without its bucket), as opposed to one key or object ([`TooLarge`](Self::TooLarge),
+    /// [`InvalidKey`](Self::InvalidKey)) or the caller's URL.
+    ///
+    /// ```
+    /// use cojob::{StoreError, error::Op};
+    /// let down = StoreError::Unavailable { op: Op::Get, key: "k".into(), source: "refused".into() };
+    /// assert!(down.is_store_failure());
+    /// let big = StoreError::TooLarge { key: "k".into(), size: 9, limit: 1 };
+    /// assert!(!big.is_store_failure());
+    /// ```
+    pub fn is_store_failure(&self) -> bool {
+        !matches!(
+            self,
+            StoreError::InvalidUrl { .. }
+                | StoreError::InvalidKey { .. }
+                | StoreError::TooLarge { .. }
+        )
+    }
+}
+
 /// Why a lease handle lost its ownership period.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -27,6 +27,9 @@ pub struct Settings {
     pub sweep_interval: Duration,
     /// How far past its deadline a lease must be before it is taken over.
     pub clock_skew_allowance: Duration,
+    /// The longest a job with no active run goes without a pass reading its index
+    /// (`--index-resync`); its ticks are read at once whatever this says.
+    pub index_resync: Duration,
     /// A Secret, in each run's namespace, with the sidecar's store credentials.
     pub sidecar_credentials_secret: Option<String>,
     /// The shortest interval between two ticks a schedule may have.
@@ -54,6 +57,7 @@ impl std::fmt::Debug for Settings {
             )
             .field("sweep_interval", &self.sweep_interval)
             .field("clock_skew_allowance", &self.clock_skew_allowance)
+            .field("index_resync", &self.index_resync)
             .field(
                 "sidecar_credentials_secret",
                 &self.sidecar_credentials_secret,

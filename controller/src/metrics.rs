@@ -127,6 +127,7 @@ pub struct Metrics {
     tick_pickup: Histogram,
     reconcile_duration: Histogram,
     reconcile_errors: Family<ErrorLabel, Counter>,
+    idle_passes: Counter,
     job_active: Family<JobLabels, Gauge>,
     job_last_success: Family<JobLabels, Gauge<f64, AtomicU64>>,
     leader: Gauge,
@@ -189,6 +190,7 @@ impl Metrics {
             // 1 ms .. ~30 s
             reconcile_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             reconcile_errors: Family::default(),
+            idle_passes: Counter::default(),
             job_active: Family::default(),
             job_last_success: Family::default(),
             leader: Gauge::default(),
@@ -232,6 +234,12 @@ impl Metrics {
             "cojob_reconcile_errors",
             "Reconcile passes that failed, by cause",
             m.reconcile_errors.clone(),
+        );
+        m.registry.register(
+            "cojob_idle_passes",
+            "Passes of a CoordinatedJob with no active run and nothing due that left the bucket \
+             unread (--index-resync)",
+            m.idle_passes.clone(),
         );
         m.registry.register(
             "cojob_job_active_runs",
@@ -287,6 +295,11 @@ impl Metrics {
     /// latency for scheduled work).
     pub fn tick_picked_up(&self, lag: Duration) {
         self.tick_pickup.observe(lag.as_secs_f64());
+    }
+
+    /// A pass of an idle job left the bucket unread.
+    pub fn idle_pass(&self) {
+        self.idle_passes.inc();
     }
 
     /// A reconcile pass took `took`, and failed with `error` if any.

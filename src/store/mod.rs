@@ -60,10 +60,12 @@
 //! ```
 
 mod dir;
+mod health;
 mod remote;
 mod stats;
 
 pub use dir::DirBackend;
+pub use health::Health;
 pub use remote::{ObjectStoreBackend, Reply};
 pub use stats::{Outcome, StoreStats};
 
@@ -263,6 +265,7 @@ pub struct Store {
     prefix: String,
     description: Arc<str>,
     stats: Arc<stats::Counters>,
+    health: Arc<health::Tracker>,
 }
 
 impl fmt::Debug for Store {
@@ -303,6 +306,7 @@ impl Store {
             prefix: prefix.trim_matches('/').to_string(),
             description,
             stats: Arc::default(),
+            health: Arc::default(),
         }
     }
 
@@ -324,6 +328,11 @@ impl Store {
     /// A snapshot of the request counters.
     pub fn stats(&self) -> StoreStats {
         self.stats.snapshot()
+    }
+
+    /// When this store (and its clones) last answered a request, and last failed one.
+    pub fn health(&self) -> Health {
+        self.health.snapshot()
     }
 
     fn full_key(&self, key: &str) -> Result<String, StoreError> {
@@ -364,6 +373,7 @@ impl Store {
                 Err(_) => Outcome::Error,
             },
         );
+        self.health.observe(&result);
         result
     }
 
@@ -390,6 +400,7 @@ impl Store {
                 Err(_) => Outcome::Error,
             },
         );
+        self.health.observe(&result);
         let ours = |o: &StoredObject| o.token.as_deref() == Some(write_token.as_str());
         match (result, &mode) {
             (Ok(PutOutcome::Written(v)), _) => Ok(PutOutcome::Written(v)),
@@ -417,6 +428,7 @@ impl Store {
         let started = std::time::Instant::now();
         let result = self.backend.delete(&full).await;
         self.stats.record(started, Op::Delete, Outcome::of(&result));
+        self.health.observe(&result);
         result
     }
 
@@ -432,6 +444,7 @@ impl Store {
         let started = std::time::Instant::now();
         let result = self.backend.list(&full).await;
         self.stats.record(started, Op::List, Outcome::of(&result));
+        self.health.observe(&result);
         let strip = if self.prefix.is_empty() {
             0
         } else {

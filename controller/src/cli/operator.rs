@@ -51,6 +51,11 @@ pub struct ControllerArgs {
     /// whose clock is behind by less is never taken for lost.
     #[arg(long, env = "COJOB_CLOCK_SKEW_ALLOWANCE", default_value = "5s", value_parser = humantime::parse_duration)]
     pub clock_skew_allowance: Duration,
+    /// The longest a job with no active run goes without its index being read from the bucket.
+    /// Between its ticks such a job has nothing to do, so its passes read nothing while the
+    /// bucket answers the controller; this read catches what another writer may have changed.
+    #[arg(long, env = "COJOB_INDEX_RESYNC", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub index_resync: Duration,
     /// Comma-separated prefixes of environment variables copied into each run's Secret for its
     /// sidecar (the store's endpoint and region). A name that looks secret (it contains KEY,
     /// SECRET, TOKEN, PASSWORD, CREDENTIAL, SAS or CONNECTION_STRING) is withheld unless
@@ -300,6 +305,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         forwarded_env: forwarded.env,
         sweep_interval: args.sweep_interval,
         clock_skew_allowance: args.clock_skew_allowance,
+        index_resync: args.index_resync,
         sidecar_credentials_secret: args.sidecar_credentials_secret.filter(|s| !s.is_empty()),
         holder_key,
         min_schedule_interval: args.min_schedule_interval,

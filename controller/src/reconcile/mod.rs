@@ -55,6 +55,7 @@ mod backfills;
 mod cancels;
 mod finalize;
 mod gc;
+mod idle;
 mod status;
 mod ticks;
 mod triggers;
@@ -62,6 +63,7 @@ mod triggers;
 pub use finalize::finalize;
 use finalize::set_finalizers;
 use gc::collect_garbage;
+pub use idle::STORE_ANSWERED_WITHIN;
 use status::{build_status, patch_status, report_not_ready};
 use ticks::{decide_ticks, schedule_fingerprint};
 
@@ -304,6 +306,14 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
         report_not_ready(&scope, "InvalidSpec", &why).await?;
         return Ok(Action::await_change());
     }
+    if let Some(wait) = idle::idle_wait(&scope, cx.db.clock().now()) {
+        // Nothing to do and nothing to read (`idle`): come back at the next tick.
+        cx.metrics.idle_pass();
+        return Ok(Action::requeue(
+            wait.saturating_sub(cx.settings.debounce)
+                .max(Duration::from_millis(100)),
+        ));
+    }
     let mut said = Announcements::default();
     let result = sync(&scope, schedule.as_ref(), &mut said).await;
     said.publish(&scope).await;
@@ -494,6 +504,7 @@ async fn sync(
         .focus
         .plan(job_ref, started, every, needs_every_run(scope.job, started));
     let doc = db.doc::<JobIndex>(&scope.keys.index());
+    let read_at = started;
     let mut known = read_index(scope, &doc).await?;
     let pods = list_pods(scope).await?;
     let limits = history_limits(spec);
@@ -635,6 +646,9 @@ async fn sync(
         tracing::warn!(job = %scope.name, %run, "a run could not be driven; reporting it");
         return Err(e.into());
     }
+    // Idle until a tick or a cue, unless the status write fails (which forgets this).
+    let idle = (index.active.is_empty() && !backfilling).then_some(read_at);
+    scope.cx.focus.idle(job_ref, token, idle);
     Ok(Synced {
         index,
         active,
@@ -655,10 +669,15 @@ fn full_sweep_every(scope: &JobScope<'_>) -> Duration {
 }
 
 /// True when a pass may decide something that depends on every active run, or cannot tell:
-/// the status is missing, a tick is due (or the status of a scheduled job does not say when
-/// the next one is), the spec changed since the status was written, `Replace` is the policy,
-/// or a request waits in an annotation.
+/// something is [`pending`], or `Replace` is the policy.
 fn needs_every_run(job: &CoordinatedJob, now: DateTime<Utc>) -> bool {
+    pending(job, now) || job.spec.concurrency_policy == ConcurrencyPolicy::Replace
+}
+
+/// True when the job asks for something, or the pass cannot tell: the status is missing, a
+/// tick is due (or the status of a scheduled job does not say when the next one is), the spec
+/// changed since the status was written, or a request waits in an annotation.
+fn pending(job: &CoordinatedJob, now: DateTime<Utc>) -> bool {
     let Some(status) = job.status.as_ref() else {
         return true;
     };
@@ -673,10 +692,7 @@ fn needs_every_run(job: &CoordinatedJob, now: DateTime<Utc>) -> bool {
             || k.starts_with(crate::crd::CANCEL_ANNOTATION_PREFIX)
             || k.starts_with(crate::crd::BACKFILL_ANNOTATION_PREFIX)
     });
-    tick_due
-        || asked
-        || status.observed_generation != job.metadata.generation
-        || job.spec.concurrency_policy == ConcurrencyPolicy::Replace
+    tick_due || asked || status.observed_generation != job.metadata.generation
 }
 
 /// The runs to sweep under `plan`, and the status the others keep (as the job's status last

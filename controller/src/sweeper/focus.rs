@@ -20,6 +20,11 @@
 //!   times, not for the sweep interval, so a long run costs a lease read per ttl, not one per
 //!   sweep interval, and a lost one is taken over as soon as it may be.
 //!
+//! A job with **no active run** and nothing due has nothing to sweep: a pass that read its index
+//! and left it so notes when ([`Focus::idle`]), and until a cue, a forget or the next plan,
+//! [`Focus::idle_since`] gives that time; the controller's next passes may leave the bucket
+//! unread until a tick is due or `--index-resync` has passed (`reconcile`).
+//!
 //! A controller that just started (or lost track: a relist of its pod watch, from its start to
 //! its end) sweeps in full, and what a pass learnt is recorded only if nothing was forgotten
 //! since it began ([`Token`]).
@@ -81,6 +86,9 @@ struct JobFocus {
     cued: BTreeSet<String>,
     /// Runs that need no pass before these times unless cued.
     quiet: HashMap<String, DateTime<Utc>>,
+    /// When the last pass read the job's index and left the job without an active run, if no
+    /// pass planned since.
+    idle_at: Option<DateTime<Utc>>,
 }
 
 /// What a pass knew of its job's focus when it began ([`Focus::token`]); what it learnt is
@@ -206,6 +214,7 @@ impl Focus {
             return Plan::All;
         };
         let cued = std::mem::take(&mut known.cued);
+        known.idle_at = None; // this pass says again, as it ends
         let Some(at) = known.swept_all_at else {
             return Plan::All;
         };
@@ -241,6 +250,46 @@ impl Focus {
         {
             known.swept_all_at = Some(at);
         }
+    }
+
+    /// Notes that a pass that began with `token` read the job's index at `at` and left the job
+    /// without an active run, every step done (its status written); `None` forgets it. Not
+    /// recorded over a forget, a cue that came during the pass, or a pod watch that is listing.
+    pub fn idle(&self, job: JobRef<'_>, token: Token, at: Option<DateTime<Utc>>) {
+        let fed = self.fed.load(Ordering::SeqCst);
+        if let Ok(mut jobs) = self.jobs.lock()
+            && let Some(known) = jobs.get_mut(&key(job))
+        {
+            let current = fed && known.generation == token.0 && known.cued.is_empty();
+            known.idle_at = at.filter(|_| current);
+        }
+    }
+
+    /// When a pass last found `job` idle ([`idle`](Self::idle)), if nothing happened to it
+    /// since: no pod cue, no forget, no pass planned, no relist of the pod watch.
+    ///
+    /// ```
+    /// use chrono::{TimeZone, Utc};
+    /// use cojob_controller::sweeper::focus::Focus;
+    /// let focus = Focus::default();
+    /// focus.start();
+    /// let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
+    /// let token = focus.token(("ns", "job"));
+    /// focus.idle(("ns", "job"), token, Some(t0));
+    /// assert_eq!(focus.idle_since(("ns", "job")), Some(t0));
+    /// focus.cue(("ns", "job"), "job-1"); // a pod of the job changed
+    /// assert_eq!(focus.idle_since(("ns", "job")), None);
+    /// ```
+    pub fn idle_since(&self, job: JobRef<'_>) -> Option<DateTime<Utc>> {
+        if !self.fed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let jobs = self.jobs.lock().ok()?;
+        let known = jobs.get(&key(job))?;
+        if !known.cued.is_empty() || !known.quiet.is_empty() {
+            return None;
+        }
+        known.idle_at
     }
 
     /// How long until `job` needs its next pass for its `active` runs: the first of their
@@ -428,6 +477,48 @@ mod tests {
         focus.quiet(job, token, "r", Some(at(60)));
         focus.wake(job, "r");
         assert_eq!(focus.plan(job, at(12), every, false), Plan::All);
+    }
+
+    #[test]
+    fn an_idle_job_stays_idle_until_a_cue_a_forget_or_a_plan() {
+        let (focus, job, every) = fed();
+        assert_eq!(focus.idle_since(job), None, "nothing known");
+        let token = focus.token(job);
+        assert_eq!(focus.plan(job, at(0), every, false), Plan::All);
+        focus.idle(job, token, Some(at(0)));
+        assert_eq!(focus.idle_since(job), Some(at(0)));
+        // A cue: its pass plans (and says again as it ends).
+        focus.cue(job, "r");
+        assert_eq!(focus.idle_since(job), None);
+        let token = focus.token(job);
+        focus.plan(job, at(1), every, false);
+        assert_eq!(focus.idle_since(job), None, "planned, not ended");
+        focus.idle(job, token, Some(at(1)));
+        assert_eq!(focus.idle_since(job), Some(at(1)));
+        // A pass that left a run active.
+        let token = focus.token(job);
+        focus.plan(job, at(2), every, true);
+        focus.idle(job, token, None);
+        assert_eq!(focus.idle_since(job), None);
+        // A cue during the pass, or a forget: not recorded.
+        let token = focus.token(job);
+        focus.plan(job, at(3), every, true);
+        focus.cue(job, "r");
+        focus.idle(job, token, Some(at(3)));
+        assert_eq!(focus.idle_since(job), None, "a cue came during the pass");
+        let token = focus.token(job);
+        focus.plan(job, at(4), every, true);
+        focus.forget(job);
+        focus.idle(job, token, Some(at(4)));
+        assert_eq!(focus.idle_since(job), None, "forgotten during the pass");
+        // While the pod watch lists again, and after it started again.
+        let token = focus.token(job);
+        focus.idle(job, token, Some(at(5)));
+        assert_eq!(focus.idle_since(job), Some(at(5)));
+        focus.stop();
+        assert_eq!(focus.idle_since(job), None);
+        focus.start();
+        assert_eq!(focus.idle_since(job), None, "forgotten by the relist");
     }
 
     #[test]

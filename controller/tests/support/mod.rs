@@ -241,6 +241,7 @@ impl Harness {
             forwarded_env: [("AWS_REGION".to_string(), "us-east-1".to_string())].into(),
             sweep_interval: Duration::from_secs(1),
             clock_skew_allowance: Duration::from_secs(5),
+            index_resync: Duration::from_secs(3600),
             sidecar_credentials_secret: None,
             holder_key: test_holder_key(),
             min_schedule_interval: Duration::from_secs(1),

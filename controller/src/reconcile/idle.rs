@@ -1,0 +1,66 @@
+//! Idle passes: a job with no active run and nothing due leaves the bucket unread.
+//!
+//! Between its ticks, a job whose runs all ended has nothing to do, yet it still gets passes:
+//! every [`IDLE_RESYNC`](super::IDLE_RESYNC), and on each change of the object that is a cue.
+//! Each used to read the job's index (a GET), so a daily job paid more for its idle passes than
+//! for its runs. A pass leaves the bucket unread when all of these hold:
+//!
+//! - nothing is asked of the job: no tick due by its status, no request in an annotation, no
+//!   spec change since its status was written ([`super::pending`]);
+//! - its status shows no active run, and this controller's last pass read its index, left it
+//!   without an active run and wrote the status, with no pod cue, forget or relist since
+//!   ([`crate::sweeper::focus::Focus::idle_since`]);
+//! - that read is less than `--index-resync` old (an hour by default): the index is the truth,
+//!   and another writer (a second controller on the same bucket, a person) could have changed
+//!   it;
+//! - the bucket answered this controller within [`STORE_ANSWERED_WITHIN`] and nothing failed
+//!   since ([`cojob::store::Health`]), so `StoreAvailable` keeps telling the truth: the clock
+//!   check reads the bucket every [`crate::skew::CHECK_EVERY`], and once a request fails the
+//!   idle passes read the bucket again and report what they find.
+//!
+//! The pass then only asks to come back at the next tick, or when the read is due.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{IDLE_RESYNC, pending};
+use crate::context::JobScope;
+
+/// How recently the bucket must have answered the controller for an idle pass to leave it
+/// unread: the clock check's period and a minute.
+pub const STORE_ANSWERED_WITHIN: Duration =
+    Duration::from_secs(crate::skew::CHECK_EVERY.as_secs() + 60);
+
+/// When the pass of an idle job may leave the bucket unread, how long until the job needs a
+/// pass that reads it: its next tick (and 50 ms), the index's resync, or [`IDLE_RESYNC`],
+/// whichever comes first. `None`: this pass reads the bucket.
+pub(super) fn idle_wait(scope: &JobScope<'_>, now: DateTime<Utc>) -> Option<Duration> {
+    let job = scope.job;
+    let status = job.status.as_ref()?;
+    if pending(job, now) || !status.active.is_empty() {
+        return None;
+    }
+    let since = scope.cx.focus.idle_since((&scope.namespace, &scope.name))?;
+    let resync = scope.cx.settings.index_resync;
+    let read_ago = (now - since).to_std().unwrap_or_default();
+    let resync_in = resync.checked_sub(read_ago).filter(|d| !d.is_zero())?;
+    if !scope
+        .cx
+        .db
+        .store()
+        .health()
+        .answering(STORE_ANSWERED_WITHIN)
+    {
+        return None;
+    }
+    let to_tick = status.next_schedule_time.as_ref().map(|t| {
+        let micros = t.0.as_microsecond() - now.timestamp_micros();
+        Duration::from_micros(u64::try_from(micros).unwrap_or(0)) + Duration::from_millis(50)
+    });
+    Some(
+        resync_in
+            .min(to_tick.unwrap_or(IDLE_RESYNC))
+            .min(IDLE_RESYNC),
+    )
+}
