@@ -42,7 +42,8 @@ pub struct Requests {
 }
 
 impl Requests {
-    fn minus(self, before: Requests) -> Requests {
+    /// What was counted since `before`.
+    pub fn minus(self, before: Requests) -> Requests {
         Requests {
             gets: self.gets - before.gets,
             puts: self.puts - before.puts,
@@ -242,6 +243,11 @@ impl Range {
 /// checks they hold.
 async fn controller_requests(metrics: &str) -> anyhow::Result<(Requests, f64)> {
     Ok(parse_store_requests(&crate::scrape(metrics).await?))
+}
+
+/// [`parse_store_requests`] of a `/metrics` text already scraped.
+pub fn store_requests(text: &str) -> (Requests, f64) {
+    parse_store_requests(text)
 }
 
 /// Sums `cojob_store_requests_total` by operation, and counts the controller's clock checks

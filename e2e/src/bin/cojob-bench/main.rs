@@ -51,6 +51,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 mod cost;
+mod idle;
 mod plots;
 mod recovery;
 
@@ -106,6 +107,14 @@ struct Options {
     /// The lease ttl (seconds) of the runs whose cost is counted.
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(6..=300))]
     cost_ttl: u64,
+    /// CoordinatedJobs with nothing due whose passes and bucket requests are counted over
+    /// `--idle-minutes` (module `idle`); measured first, on an otherwise idle controller.
+    #[arg(long = "idle", value_name = "K", default_value_t = 0)]
+    idle_jobs: usize,
+    /// The window of the idle jobs' count, in minutes (at least 5: a job with nothing due
+    /// passes every 5 minutes).
+    #[arg(long, value_name = "MINUTES", default_value_t = 11.0, value_parser = at_least_five)]
+    idle_minutes: f64,
     /// The cojob controller's metrics endpoint.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:18080")]
     metrics: String,
@@ -157,6 +166,15 @@ fn divides_hour(v: &str) -> Result<u32, String> {
         Ok(m) if (1..=30).contains(&m) && 60 % m == 0 => Ok(m),
         _ => Err(format!(
             "{v:?} does not divide an hour (1, 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30 minutes)"
+        )),
+    }
+}
+
+fn at_least_five(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(m) if (5.0..=120.0).contains(&m) => Ok(m),
+        _ => Err(format!(
+            "{v:?}: the idle window is 5 to 120 minutes (a job with nothing due passes every 5)"
         )),
     }
 }
@@ -1249,6 +1267,8 @@ struct Report {
     recovery: Vec<recovery::Recovery>,
     #[serde(default)]
     cost: Vec<cost::Cost>,
+    #[serde(default)]
+    idle: Vec<idle::Idle>,
 }
 
 /// Adds to `results` the sizes of an earlier report that this run did not measure (the same
@@ -1259,6 +1279,7 @@ fn merge(
     results: &mut Vec<SizeResult>,
     recoveries: &mut Vec<recovery::Recovery>,
     costs: &mut Vec<cost::Cost>,
+    idles: &mut Vec<idle::Idle>,
 ) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     let earlier: Report = serde_json::from_str(&text)
@@ -1278,6 +1299,9 @@ fn merge(
     }
     if costs.is_empty() {
         *costs = earlier.cost;
+    }
+    if idles.is_empty() {
+        *idles = earlier.idle;
     }
     Ok(())
 }
@@ -1299,6 +1323,11 @@ async fn main() -> anyhow::Result<()> {
         every: o.kwok_every,
         ticks: o.kwok_ticks,
     });
+    // Idle jobs first, while they are the controller's only ones.
+    let mut idles = Vec::new();
+    if o.idle_jobs > 0 {
+        idles.push(idle::measure(&client, &o.metrics, o.idle_jobs, o.idle_minutes).await?);
+    }
     // Recoveries first, on a quiet cluster: after a large size, its namespace's removal may
     // still load the node and the API server.
     let mut recoveries = Vec::new();
@@ -1320,7 +1349,7 @@ async fn main() -> anyhow::Result<()> {
         results.push(run_size(&client, &o, size).await?);
     }
     if let Some(path) = &o.merge {
-        merge(path, &mut results, &mut recoveries, &mut costs)?;
+        merge(path, &mut results, &mut recoveries, &mut costs, &mut idles)?;
     }
     // A run of recoveries or costs only (`--n ''`) has no size to show.
     let mut tables = if results.is_empty() {
@@ -1334,6 +1363,10 @@ async fn main() -> anyhow::Result<()> {
     if !costs.is_empty() {
         tables.push('\n');
         tables.push_str(&cost::table(&costs));
+    }
+    if !idles.is_empty() {
+        tables.push('\n');
+        tables.push_str(&idle::table(&idles));
     }
     println!("\n{tables}");
     if let Some(path) = &o.docs {
@@ -1357,7 +1390,8 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(path) = &o.json {
         // The shape of `Report`, which `--merge` reads back.
-        let report = json!({"sizes": &results, "recovery": &recoveries, "cost": &costs});
+        let report =
+            json!({"sizes": &results, "recovery": &recoveries, "cost": &costs, "idle": &idles});
         std::fs::write(path, serde_json::to_string_pretty(&report)?)
             .with_context(|| format!("writing {path}"))?;
     }
@@ -1382,8 +1416,16 @@ async fn main() -> anyhow::Result<()> {
                 c.ttl_seconds
             );
         }
+        for i in &idles {
+            ensure!(
+                i.as_expected(),
+                "{} idle jobs over {} minutes: a job missed its passes, or they read or wrote the bucket more than once per --index-resync: {i:?}",
+                i.jobs,
+                i.minutes
+            );
+        }
         println!(
-            "bench: check passed: no duplicate, no miss, every run's bucket requests within the formula"
+            "bench: check passed: no duplicate, no miss, every run's bucket requests within the formula, idle jobs read nothing between their resyncs"
         );
     }
     Ok(())
@@ -1496,15 +1538,20 @@ mod tests {
         // This run measured N = 10 on the real node again: the report's N = 1 000 joins it.
         let mut results: Vec<SizeResult> = vec![serde_json::from_value(size(10, "real")).unwrap()];
         results[0].measured = "now".into();
-        let (mut recoveries, mut costs) = (Vec::new(), Vec::new());
+        let (mut recoveries, mut costs, mut idles) = (Vec::new(), Vec::new(), Vec::new());
         merge(
             path.to_str().unwrap(),
             &mut results,
             &mut recoveries,
             &mut costs,
+            &mut idles,
         )
         .unwrap();
         assert!(costs.is_empty(), "a report without costs merges as none");
+        assert!(
+            idles.is_empty(),
+            "a report without idle jobs merges as none"
+        );
         std::fs::remove_file(&path).unwrap();
         let kept: Vec<(usize, Nodes, &str)> = results
             .iter()
