@@ -34,7 +34,7 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -155,6 +155,19 @@ impl Collector for StoreRequests {
                     .encode(metric.encode_family(&labels)?)?;
             }
         }
+        let answering = self
+            .0
+            .health()
+            .answering(crate::reconcile::STORE_ANSWERED_WITHIN);
+        let gauge = ConstGauge::new(i64::from(answering));
+        let metric = encoder.encode_descriptor(
+            "cojob_store_answering",
+            "1 when the bucket answered this controller in the last 6 minutes and no request \
+             failed after that answer",
+            None,
+            gauge.metric_type(),
+        )?;
+        gauge.encode(metric)?;
         let mut metric = encoder.encode_descriptor(
             "cojob_store_request_duration",
             "Latency of requests to the bucket, by operation",

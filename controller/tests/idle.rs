@@ -34,6 +34,19 @@ fn idle_passes(cx: &cojob_controller::context::Context) -> u64 {
         .unwrap_or_else(|| panic!("cojob_idle_passes_total in\n{text}"))
 }
 
+/// The `cojob_store_answering` gauge.
+fn answering(cx: &cojob_controller::context::Context) -> bool {
+    let text = cx.metrics.encode();
+    match text
+        .lines()
+        .find_map(|l| l.strip_prefix("cojob_store_answering "))
+    {
+        Some("1") => true,
+        Some("0") => false,
+        other => panic!("cojob_store_answering is {other:?} in\n{text}"),
+    }
+}
+
 /// A daily job whose tick is 90 minutes away, the controller passing at the times it asks
 /// for (every 5 minutes): the first pass reads the index, the passes after it read nothing, the
 /// pass an hour after that read reads it again (the resync), and the pass at the tick reads it
@@ -100,8 +113,8 @@ async fn an_idle_job_reads_its_index_at_its_tick_and_once_an_hour() {
 }
 
 /// An idle job's passes read the bucket again once a request to it failed, so the outage is
-/// reported on the job; they read it after a pod cue too, and go back to reading nothing once
-/// a pass has read it cleanly.
+/// reported on the job; they read it after a pod cue or a change of the object by someone else
+/// too, and go back to reading nothing once a pass has read it cleanly.
 #[tokio::test]
 async fn an_idle_job_reads_its_index_after_a_store_failure_or_a_cue() {
     let h = Harness::new("it-idle-down").await;
@@ -126,7 +139,12 @@ async fn an_idle_job_reads_its_index_after_a_store_failure_or_a_cue() {
     h.advance(Duration::from_secs(300));
     assert_eq!(pass("down, not seen yet").await.0, 0);
     // The controller's clock check (every 5 minutes) fails; the next pass reads and reports.
+    assert!(answering(&cx));
     assert!(cx.db.store().get("probe").await.is_err());
+    assert!(
+        !answering(&cx),
+        "the gauge the CojobStoreUnavailable alert watches"
+    );
     let (spent, result) = pass("down, seen").await;
     assert_eq!(spent, 1, "it tried to read the index");
     assert!(result.expect_err("the bucket is down").is_store());
@@ -150,6 +168,18 @@ async fn an_idle_job_reads_its_index_after_a_store_failure_or_a_cue() {
     cx.focus.cue((h.ns.as_str(), "yearly"), "yearly-x");
     assert_eq!(pass("cue").await.0, 1);
     assert_eq!(pass("idle after the cue").await.0, 0);
+    // Someone else changed the object (another replica's status or annotation write, a
+    // label): the next pass reads, and the one after reads nothing again.
+    h.jobs()
+        .patch(
+            "yearly",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&json!({"metadata": {"labels": {"team": "a"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pass("object changed").await.0, 1);
+    assert_eq!(pass("idle after the change").await.0, 0);
     // A controller that has just started (its pod watch listing) reads.
     cx.focus.stop();
     assert_eq!(pass("pod watch listing").await.0, 1);

@@ -53,6 +53,8 @@ impl Tracker {
             return;
         };
         match result {
+            // Refused before anything was sent: says nothing of the store.
+            Err(StoreError::InvalidKey { .. } | StoreError::InvalidUrl { .. }) => {}
             Err(e) if e.is_store_failure() => health.failed = Some(now),
             _ => health.answered = Some(now),
         }
@@ -95,6 +97,18 @@ mod tests {
             !long_ago.answering(minute),
             "an answer older than asked for"
         );
+    }
+
+    #[test]
+    fn a_key_refused_before_sending_says_nothing() {
+        let tracker = Tracker::default();
+        tracker.observe(&down());
+        tracker.observe(&Err::<(), _>(StoreError::InvalidKey {
+            key: "../k".into(),
+            reason: "no ..",
+        }));
+        let health = tracker.snapshot();
+        assert!(health.answered.is_none() && health.failed.is_some());
     }
 
     #[test]

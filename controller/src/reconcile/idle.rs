@@ -8,15 +8,16 @@
 //! - nothing is asked of the job: no tick due by its status, no request in an annotation, no
 //!   spec change since its status was written ([`super::pending`]);
 //! - its status shows no active run, and this controller's last pass read its index, left it
-//!   without an active run and wrote the status, with no pod cue, forget or relist since
-//!   ([`crate::sweeper::focus::Focus::idle_since`]);
-//! - that read is less than `--index-resync` old (an hour by default): the index is the truth,
-//!   and another writer (a second controller on the same bucket, a person) could have changed
-//!   it;
-//! - the bucket answered this controller within [`STORE_ANSWERED_WITHIN`] and nothing failed
-//!   since ([`cojob::store::Health`]), so `StoreAvailable` keeps telling the truth: the clock
-//!   check reads the bucket every [`crate::skew::CHECK_EVERY`], and once a request fails the
-//!   idle passes read the bucket again and report what they find.
+//!   without an active run and wrote the status, with no pod cue, forget or relist since, and
+//!   the object is still at the resource version that pass left it at: nobody changed it since,
+//!   not even another replica ([`crate::sweeper::focus::Focus::idle_since`]);
+//! - that read is less than `--index-resync` old (an hour by default) by the store's clock,
+//!   and not in its future (a clock that stepped back): the index is the truth, and another
+//!   writer (a second controller on the same bucket, a person) could have changed it;
+//! - the bucket's last answer to this controller is less than [`STORE_ANSWERED_WITHIN`] old and
+//!   no request failed after it ([`cojob::store::Health`]), so `StoreAvailable` keeps telling
+//!   the truth: the clock check reads the bucket every [`crate::skew::CHECK_EVERY`], and while
+//!   the last request failed the idle passes read the bucket and report what they find.
 //!
 //! The pass then only asks to come back at the next tick, or when the read is due.
 
@@ -41,9 +42,13 @@ pub(super) fn idle_wait(scope: &JobScope<'_>, now: DateTime<Utc>) -> Option<Dura
     if pending(job, now) || !status.active.is_empty() {
         return None;
     }
-    let since = scope.cx.focus.idle_since((&scope.namespace, &scope.name))?;
+    let version = job.metadata.resource_version.as_deref()?;
+    let since = scope
+        .cx
+        .focus
+        .idle_since((&scope.namespace, &scope.name), version)?;
     let resync = scope.cx.settings.index_resync;
-    let read_ago = (now - since).to_std().unwrap_or_default();
+    let read_ago = (now - since).to_std().ok()?; // a clock that stepped back: read
     let resync_in = resync.checked_sub(read_ago).filter(|d| !d.is_zero())?;
     if !scope
         .cx

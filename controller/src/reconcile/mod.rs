@@ -322,10 +322,20 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
             cx.metrics
                 .job_active(&scope.namespace, &scope.name, synced.active.len());
             let status = build_status(&scope, &synced);
-            if let Err(e) = patch_status(&scope, status).await {
-                // The runs a later pass leaves out keep the status it shows: sweep all of them.
-                cx.focus.forget((&scope.namespace, &scope.name));
-                return Err(e);
+            let written = match patch_status(&scope, status).await {
+                Ok(written) => written,
+                Err(e) => {
+                    // The runs a later pass leaves out keep the status it shows: sweep all of
+                    // them.
+                    cx.focus.forget((&scope.namespace, &scope.name));
+                    return Err(e);
+                }
+            };
+            // Idle until a tick, a cue or a change of the object (`idle`).
+            let version = written.or_else(|| job.metadata.resource_version.clone());
+            if let (Some((token, read_at)), Some(version)) = (synced.idle, version) {
+                cx.focus
+                    .idle((&scope.namespace, &scope.name), token, read_at, &version);
             }
             // The scheduler adds its debounce to every request; take it off here, so a pass
             // due at a tick still starts at the tick.
@@ -357,6 +367,10 @@ pub struct Synced {
     pub next: Option<DateTime<Utc>>,
     /// When to come back.
     pub requeue: Duration,
+    /// The pass left the job idle: no active run, nothing more to decide. The pass's focus
+    /// token and when it read the index, for [`sweeper::focus::Focus::idle`] once the status is
+    /// written.
+    pub idle: Option<(Token, DateTime<Utc>)>,
 }
 
 fn history_limits(spec: &CoordinatedJobSpec) -> HistoryLimits {
@@ -646,14 +660,13 @@ async fn sync(
         tracing::warn!(job = %scope.name, %run, "a run could not be driven; reporting it");
         return Err(e.into());
     }
-    // Idle until a tick or a cue, unless the status write fails (which forgets this).
-    let idle = (index.active.is_empty() && !backfilling).then_some(read_at);
-    scope.cx.focus.idle(job_ref, token, idle);
+    let idle = (index.active.is_empty() && !backfilling).then_some((token, read_at));
     Ok(Synced {
         index,
         active,
         next,
         requeue: requeue.max(Duration::from_millis(100)),
+        idle,
     })
 }
 

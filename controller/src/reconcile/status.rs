@@ -26,11 +26,13 @@ pub(super) async fn report_not_ready(
     for _ in 0..3 {
         if ready_reason(&job) == Some(reason) {
             // Reported already (by this controller or another): refresh the message only.
-            return apply_status(scope, &job, not_ready(&job), None).await;
+            return apply_status(scope, &job, not_ready(&job), None)
+                .await
+                .map(|_| ());
         }
         let version = job.metadata.resource_version.clone();
         match apply_status(scope, &job, not_ready(&job), version).await {
-            Ok(()) => {
+            Ok(_) => {
                 scope.warning(reason, message.to_string()).await;
                 return Ok(());
             }
@@ -193,24 +195,26 @@ pub(super) fn build_status(scope: &JobScope<'_>, synced: &Synced) -> Coordinated
     status
 }
 
-/// Writes the status by server-side apply, unless it is unchanged.
+/// Writes the status by server-side apply, unless it is unchanged; returns the object's
+/// resource version after the write, `None` when nothing was written.
 pub(super) async fn patch_status(
     scope: &JobScope<'_>,
     status: CoordinatedJobStatus,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     apply_status(scope, scope.job, status, None).await
 }
 
 /// Writes `status` over `job`'s, unless unchanged; with `resource_version`, only if the object
-/// is still at that version (409 otherwise).
+/// is still at that version (409 otherwise). Returns the object's resource version after the
+/// write, `None` when nothing was written.
 async fn apply_status(
     scope: &JobScope<'_>,
     job: &CoordinatedJob,
     status: CoordinatedJobStatus,
     resource_version: Option<String>,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     if job.status.as_ref() == Some(&status) {
-        return Ok(());
+        return Ok(None);
     }
     let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
     // The UID makes the patch fail on an object deleted and created again under the same
@@ -225,11 +229,12 @@ async fn apply_status(
         "metadata": metadata,
         "status": status,
     });
-    api.patch_status(
-        &scope.name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
-    Ok(())
+    let written = api
+        .patch_status(
+            &scope.name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await?;
+    Ok(written.metadata.resource_version)
 }

@@ -20,10 +20,11 @@
 //!   times, not for the sweep interval, so a long run costs a lease read per ttl, not one per
 //!   sweep interval, and a lost one is taken over as soon as it may be.
 //!
-//! A job with **no active run** and nothing due has nothing to sweep: a pass that read its index
-//! and left it so notes when ([`Focus::idle`]), and until a cue, a forget or the next plan,
-//! [`Focus::idle_since`] gives that time; the controller's next passes may leave the bucket
-//! unread until a tick is due or `--index-resync` has passed (`reconcile`).
+//! A job with **no active run** and nothing due has nothing to sweep: a pass that read its index,
+//! left it so and wrote the job's status notes when, and the object's resource version after that
+//! write ([`Focus::idle`]). Until a cue, a forget or the next plan, [`Focus::idle_since`] gives
+//! that time to a pass that sees the object at that same version (nothing changed it since, not
+//! even another replica), and such a pass may leave the bucket unread (`reconcile`).
 //!
 //! A controller that just started (or lost track: a relist of its pod watch, from its start to
 //! its end) sweeps in full, and what a pass learnt is recorded only if nothing was forgotten
@@ -86,9 +87,9 @@ struct JobFocus {
     cued: BTreeSet<String>,
     /// Runs that need no pass before these times unless cued.
     quiet: HashMap<String, DateTime<Utc>>,
-    /// When the last pass read the job's index and left the job without an active run, if no
-    /// pass planned since.
-    idle_at: Option<DateTime<Utc>>,
+    /// When the last pass read the job's index and left the job without an active run, and
+    /// the object's resource version once that pass wrote its status; cleared by the next plan.
+    idle: Option<(DateTime<Utc>, String)>,
 }
 
 /// What a pass knew of its job's focus when it began ([`Focus::token`]); what it learnt is
@@ -214,7 +215,7 @@ impl Focus {
             return Plan::All;
         };
         let cued = std::mem::take(&mut known.cued);
-        known.idle_at = None; // this pass says again, as it ends
+        known.idle = None; // this pass says again, as it ends
         let Some(at) = known.swept_all_at else {
             return Plan::All;
         };
@@ -252,21 +253,27 @@ impl Focus {
         }
     }
 
-    /// Notes that a pass that began with `token` read the job's index at `at` and left the job
-    /// without an active run, every step done (its status written); `None` forgets it. Not
-    /// recorded over a forget, a cue that came during the pass, or a pod watch that is listing.
-    pub fn idle(&self, job: JobRef<'_>, token: Token, at: Option<DateTime<Utc>>) {
+    /// Notes that a pass that began with `token` read the job's index at `at`, left the job
+    /// without an active run, every step done, and wrote its status, after which the object
+    /// was at resource version `version`. Not recorded over a forget, a cue that came during
+    /// the pass, or a pod watch that is listing. The job has no run left to be quiet.
+    pub fn idle(&self, job: JobRef<'_>, token: Token, at: DateTime<Utc>, version: &str) {
         let fed = self.fed.load(Ordering::SeqCst);
         if let Ok(mut jobs) = self.jobs.lock()
             && let Some(known) = jobs.get_mut(&key(job))
+            && fed
+            && known.generation == token.0
+            && known.cued.is_empty()
         {
-            let current = fed && known.generation == token.0 && known.cued.is_empty();
-            known.idle_at = at.filter(|_| current);
+            known.idle = Some((at, version.to_owned()));
+            known.quiet.clear();
         }
     }
 
     /// When a pass last found `job` idle ([`idle`](Self::idle)), if nothing happened to it
-    /// since: no pod cue, no forget, no pass planned, no relist of the pod watch.
+    /// since: no pod cue, no forget, no pass planned, no relist of the pod watch, and the
+    /// object is still at the resource version that pass left it at (`version`, as the job
+    /// cache has it now).
     ///
     /// ```
     /// use chrono::{TimeZone, Utc};
@@ -275,12 +282,13 @@ impl Focus {
     /// focus.start();
     /// let t0 = Utc.timestamp_opt(1_000, 0).unwrap();
     /// let token = focus.token(("ns", "job"));
-    /// focus.idle(("ns", "job"), token, Some(t0));
-    /// assert_eq!(focus.idle_since(("ns", "job")), Some(t0));
+    /// focus.idle(("ns", "job"), token, t0, "41");
+    /// assert_eq!(focus.idle_since(("ns", "job"), "41"), Some(t0));
+    /// assert_eq!(focus.idle_since(("ns", "job"), "42"), None, "the object changed");
     /// focus.cue(("ns", "job"), "job-1"); // a pod of the job changed
-    /// assert_eq!(focus.idle_since(("ns", "job")), None);
+    /// assert_eq!(focus.idle_since(("ns", "job"), "41"), None);
     /// ```
-    pub fn idle_since(&self, job: JobRef<'_>) -> Option<DateTime<Utc>> {
+    pub fn idle_since(&self, job: JobRef<'_>, version: &str) -> Option<DateTime<Utc>> {
         if !self.fed.load(Ordering::SeqCst) {
             return None;
         }
@@ -289,7 +297,15 @@ impl Focus {
         if !known.cued.is_empty() || !known.quiet.is_empty() {
             return None;
         }
-        known.idle_at
+        let (at, seen) = known.idle.as_ref()?;
+        (seen == version).then_some(*at)
+    }
+
+    /// What is recorded of the job's last idle pass, whatever happened since.
+    #[cfg(test)]
+    fn recorded_idle(&self, job: JobRef<'_>) -> Option<DateTime<Utc>> {
+        let jobs = self.jobs.lock().ok()?;
+        jobs.get(&key(job))?.idle.as_ref().map(|(at, _)| *at)
     }
 
     /// How long until `job` needs its next pass for its `active` runs: the first of their
@@ -480,45 +496,46 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_job_stays_idle_until_a_cue_a_forget_or_a_plan() {
+    fn an_idle_job_stays_idle_until_a_cue_a_forget_a_plan_or_a_change_of_its_object() {
         let (focus, job, every) = fed();
-        assert_eq!(focus.idle_since(job), None, "nothing known");
+        assert_eq!(focus.idle_since(job, "1"), None, "nothing known");
         let token = focus.token(job);
         assert_eq!(focus.plan(job, at(0), every, false), Plan::All);
-        focus.idle(job, token, Some(at(0)));
-        assert_eq!(focus.idle_since(job), Some(at(0)));
+        focus.idle(job, token, at(0), "1");
+        assert_eq!(focus.idle_since(job, "1"), Some(at(0)));
+        // The object changed since (another replica, an annotation removed, a lagging cache).
+        assert_eq!(focus.idle_since(job, "2"), None);
         // A cue: its pass plans (and says again as it ends).
         focus.cue(job, "r");
-        assert_eq!(focus.idle_since(job), None);
+        assert_eq!(focus.idle_since(job, "1"), None);
         let token = focus.token(job);
         focus.plan(job, at(1), every, false);
-        assert_eq!(focus.idle_since(job), None, "planned, not ended");
-        focus.idle(job, token, Some(at(1)));
-        assert_eq!(focus.idle_since(job), Some(at(1)));
-        // A pass that left a run active.
-        let token = focus.token(job);
-        focus.plan(job, at(2), every, true);
-        focus.idle(job, token, None);
-        assert_eq!(focus.idle_since(job), None);
-        // A cue during the pass, or a forget: not recorded.
+        assert_eq!(focus.recorded_idle(job), None, "planned, not ended");
+        focus.idle(job, token, at(1), "1");
+        assert_eq!(focus.idle_since(job, "1"), Some(at(1)));
+        // A cue during the pass: not recorded.
         let token = focus.token(job);
         focus.plan(job, at(3), every, true);
         focus.cue(job, "r");
-        focus.idle(job, token, Some(at(3)));
-        assert_eq!(focus.idle_since(job), None, "a cue came during the pass");
-        let token = focus.token(job);
+        focus.idle(job, token, at(3), "1");
+        assert_eq!(focus.recorded_idle(job), None, "a cue came during the pass");
+        // A forget during the pass (a failed pass elsewhere, a relist): not recorded.
+        let stale = focus.token(job);
         focus.plan(job, at(4), every, true);
         focus.forget(job);
-        focus.idle(job, token, Some(at(4)));
-        assert_eq!(focus.idle_since(job), None, "forgotten during the pass");
-        // While the pod watch lists again, and after it started again.
+        let _ = focus.token(job); // a new life of the job's entry
+        focus.idle(job, stale, at(4), "1");
+        assert_eq!(focus.recorded_idle(job), None, "forgotten during the pass");
+        // Quiet runs left by runs that left the index elsewhere go with the record.
         let token = focus.token(job);
-        focus.idle(job, token, Some(at(5)));
-        assert_eq!(focus.idle_since(job), Some(at(5)));
+        focus.quiet(job, token, "gone", Some(at(60)));
+        focus.idle(job, token, at(5), "1");
+        assert_eq!(focus.idle_since(job, "1"), Some(at(5)));
+        // While the pod watch lists again, and after it started again.
         focus.stop();
-        assert_eq!(focus.idle_since(job), None);
+        assert_eq!(focus.idle_since(job, "1"), None);
         focus.start();
-        assert_eq!(focus.idle_since(job), None, "forgotten by the relist");
+        assert_eq!(focus.idle_since(job, "1"), None, "forgotten by the relist");
     }
 
     #[test]
