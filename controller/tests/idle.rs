@@ -9,21 +9,10 @@ use std::time::Duration;
 use chrono::{DurationRound, Timelike};
 use kube::runtime::controller::Action;
 use serde_json::json;
-use support::{Budget, Harness};
+use support::{Budget, Harness, condition};
 
 fn requeue(s: u64) -> Action {
     Action::requeue(Duration::from_secs(s))
-}
-
-/// A condition's `(status, reason)`.
-fn condition(job: &cojob_controller::crd::CoordinatedJob, kind: &str) -> (String, String) {
-    let s = job.status.clone().expect("a status");
-    let c = s
-        .conditions
-        .iter()
-        .find(|c| c.type_ == kind)
-        .unwrap_or_else(|| panic!("condition {kind} in {:?}", s.conditions));
-    (c.status.clone(), c.reason.clone())
 }
 
 fn idle_passes(cx: &cojob_controller::context::Context) -> u64 {

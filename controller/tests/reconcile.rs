@@ -8,7 +8,7 @@ use std::time::Duration;
 use cojob_controller::index::Decision;
 use kube::ResourceExt;
 use serde_json::json;
-use support::{Budget, Harness};
+use support::{Budget, Harness, condition};
 
 fn state(l: &cojob::LeaseInfo) -> cojob_controller::run::RunState {
     cojob_controller::run::RunState::parse(&l.state).expect("a run state")
@@ -18,17 +18,6 @@ fn status(
     job: &cojob_controller::crd::CoordinatedJob,
 ) -> cojob_controller::crd::CoordinatedJobStatus {
     job.status.clone().expect("a status")
-}
-
-/// A condition's `(status, reason)`.
-fn condition(job: &cojob_controller::crd::CoordinatedJob, kind: &str) -> (String, String) {
-    let s = status(job);
-    let c = s
-        .conditions
-        .iter()
-        .find(|c| c.type_ == kind)
-        .unwrap_or_else(|| panic!("condition {kind} in {:?}", s.conditions));
-    (c.status.clone(), c.reason.clone())
 }
 
 #[tokio::test]

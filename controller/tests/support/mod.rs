@@ -693,3 +693,14 @@ pub fn test_holder_key() -> cojob_controller::sweeper::holder::HolderKey {
     cojob_controller::sweeper::holder::HolderKey::new(b"integration-tests-holder-key-0123456789")
         .unwrap()
 }
+
+/// A condition's `(status, reason)` in the job's status.
+pub fn condition(job: &CoordinatedJob, kind: &str) -> (String, String) {
+    let s = job.status.clone().expect("a status");
+    let c = s
+        .conditions
+        .iter()
+        .find(|c| c.type_ == kind)
+        .unwrap_or_else(|| panic!("condition {kind} in {:?}", s.conditions));
+    (c.status.clone(), c.reason.clone())
+}
