@@ -2,7 +2,9 @@
 //!
 //! One pass, for one object:
 //!
-//! 1. **Finalizer.** A deleted object cancels its active runs first (see [`finalize`]).
+//! 1. **Finalizer.** A deleted object cancels its active runs first (see [`finalize`]). A job
+//!    with no active run and nothing due stops after this step while the object is as its
+//!    last full pass left it (`idle`): nothing is read from the bucket.
 //! 2. **Spec.** A schedule the schema let through but cron cannot parse, or a template that
 //!    uses a name the pod builder reserves ([`crate::pod::reserved_conflict`]), becomes a
 //!    `Ready=False` condition and an `InvalidSpec` Event; nothing else happens until the spec
@@ -287,6 +289,15 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
             Err(e) => return Err(e),
         }
     }
+    // Nothing to do and nothing to read (`idle`): come back at the next tick. The object is
+    // as the last full pass left it, so its spec passed the checks below then.
+    if let Some(wait) = idle::idle_wait(&scope, cx.db.clock().now()) {
+        cx.metrics.idle_pass();
+        return Ok(Action::requeue(
+            wait.saturating_sub(cx.settings.debounce)
+                .max(Duration::from_millis(100)),
+        ));
+    }
     let schedule = match parse_schedule(&job.spec) {
         Ok(s) => s,
         Err(e) => {
@@ -305,14 +316,6 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
     if let Some(why) = conflict {
         report_not_ready(&scope, "InvalidSpec", &why).await?;
         return Ok(Action::await_change());
-    }
-    if let Some(wait) = idle::idle_wait(&scope, cx.db.clock().now()) {
-        // Nothing to do and nothing to read (`idle`): come back at the next tick.
-        cx.metrics.idle_pass();
-        return Ok(Action::requeue(
-            wait.saturating_sub(cx.settings.debounce)
-                .max(Duration::from_millis(100)),
-        ));
     }
     let mut said = Announcements::default();
     let result = sync(&scope, schedule.as_ref(), &mut said).await;
