@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{IDLE_RESYNC, pending};
+use super::{IDLE_RESYNC, PAST_THE_TICK, pending};
 use crate::context::JobScope;
 
 /// How recently the bucket must have answered the controller for an idle pass to leave it
@@ -34,7 +34,7 @@ pub const STORE_ANSWERED_WITHIN: Duration =
     Duration::from_secs(crate::skew::CHECK_EVERY.as_secs() + 60);
 
 /// When the pass of an idle job may leave the bucket unread, how long until the job needs a
-/// pass that reads it: its next tick (and 50 ms), the index's resync, or [`IDLE_RESYNC`],
+/// pass that reads it: just past its next tick, the index's resync, or [`IDLE_RESYNC`],
 /// whichever comes first. `None`: this pass reads the bucket.
 pub(super) fn idle_wait(scope: &JobScope<'_>, now: DateTime<Utc>) -> Option<Duration> {
     let job = scope.job;
@@ -61,7 +61,7 @@ pub(super) fn idle_wait(scope: &JobScope<'_>, now: DateTime<Utc>) -> Option<Dura
     }
     let to_tick = status.next_schedule_time.as_ref().map(|t| {
         let micros = t.0.as_microsecond() - now.timestamp_micros();
-        Duration::from_micros(u64::try_from(micros).unwrap_or(0)) + Duration::from_millis(50)
+        Duration::from_micros(u64::try_from(micros).unwrap_or(0)) + PAST_THE_TICK
     });
     Some(
         resync_in

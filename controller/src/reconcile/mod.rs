@@ -82,6 +82,8 @@ pub const SCHEDULE_VALID: &str = "ScheduleValid";
 pub const STORE_AVAILABLE: &str = "StoreAvailable";
 /// The condition that says whether the newest finished run failed (`RunFailed`).
 pub const LAST_RUN_FAILED: &str = "LastRunFailed";
+/// How far past a tick the pass due at it is asked for, so the tick is due when it starts.
+const PAST_THE_TICK: Duration = Duration::from_millis(50);
 /// The longest pause between two reconciles of an idle object.
 pub const IDLE_RESYNC: Duration = Duration::from_secs(300);
 
@@ -645,8 +647,7 @@ async fn sync(
     collect_garbage(scope, &index, &pods, &dropped).await?;
     active.retain(|a| index.active.iter().any(|r| r.run_id == a.run_id));
 
-    let until_next =
-        next.map(|n| (n - now).to_std().unwrap_or_default() + Duration::from_millis(50));
+    let until_next = next.map(|n| (n - now).to_std().unwrap_or_default() + PAST_THE_TICK);
     let mut requeue = until_next.unwrap_or(IDLE_RESYNC).min(IDLE_RESYNC);
     if backfilling {
         requeue = requeue.min(Duration::from_secs(1)); // more ticks of a backfill to decide

@@ -245,15 +245,10 @@ async fn controller_requests(metrics: &str) -> anyhow::Result<(Requests, f64)> {
     Ok(parse_store_requests(&crate::scrape(metrics).await?))
 }
 
-/// [`parse_store_requests`] of a `/metrics` text already scraped.
-pub fn store_requests(text: &str) -> (Requests, f64) {
-    parse_store_requests(text)
-}
-
 /// Sums `cojob_store_requests_total` by operation, and counts the controller's clock checks
 /// (`Store::clock_offset`, every 5 minutes: a write, a read and a delete of a scratch object;
 /// nothing else the controller does deletes).
-fn parse_store_requests(text: &str) -> (Requests, f64) {
+pub fn parse_store_requests(text: &str) -> (Requests, f64) {
     let (mut r, mut deletes) = (Requests::default(), 0.0);
     for line in text.lines() {
         let Some(labels) = line.strip_prefix("cojob_store_requests_total{") else {

@@ -22,7 +22,7 @@ use kube::api::{ListParams, PostParams};
 use kube::core::DynamicObject;
 use serde_json::json;
 
-use crate::cost::{Requests, store_requests};
+use crate::cost::{Requests, parse_store_requests};
 
 /// S3 Standard's price of a GET (us-east-1, per request).
 const GET_PRICE: f64 = 0.0004 / 1000.0;
@@ -159,7 +159,7 @@ struct Counters {
 impl Counters {
     async fn read(metrics: &str) -> anyhow::Result<Counters> {
         let text = crate::scrape(metrics).await?;
-        let (requests, clock_checks) = store_requests(&text);
+        let (requests, clock_checks) = parse_store_requests(&text);
         Ok(Counters {
             passes: counter(&text, "cojob_reconcile_duration_seconds_count"),
             idle_passes: counter(&text, "cojob_idle_passes_total"),
