@@ -109,6 +109,15 @@ pub struct CoordinatedJobSpec {
     #[x_kube(validation = Rule::new("self >= 0").message("startingDeadlineSeconds must not be negative"))]
     pub starting_deadline_seconds: Option<i64>,
 
+    /// Creates each scheduled run's pod this many seconds before its tick, so that the pod is
+    /// scheduled, its images pulled and its sidecar attached by the tick; the workload's
+    /// containers still start at the tick, by the node's clock, never before. A run is decided
+    /// (claimed) when its pod is created; it is prepared ahead only while the job has no active
+    /// run, and a job suspended before the tick cancels it. Absent or 0: at the tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 600").message("prestartSeconds must be between 0 and 600"))]
+    pub prestart_seconds: Option<i64>,
+
     /// What to do with ticks that fell due while the controller was down.
     #[serde(default)]
     pub catch_up: CatchUpPolicy,
@@ -214,6 +223,28 @@ fn strip_descriptions(value: &mut serde_json::Value) {
         }
         serde_json::Value::Array(items) => items.iter_mut().for_each(strip_descriptions),
         _ => {}
+    }
+}
+
+/// The most `prestartSeconds` allows (the CEL rule's bound): ten minutes.
+pub const MAX_PRESTART_SECONDS: i64 = 600;
+
+impl CoordinatedJobSpec {
+    /// How long before each scheduled tick its run is decided and its pod created
+    /// (`prestartSeconds`, clamped to `0..=`[`MAX_PRESTART_SECONDS`]).
+    ///
+    /// ```
+    /// let spec: cojob_controller::crd::CoordinatedJobSpec = serde_json::from_value(
+    ///     serde_json::json!({"schedule": "* * * * *", "prestartSeconds": 15, "template": {}}),
+    /// ).unwrap();
+    /// assert_eq!(spec.prestart(), chrono::Duration::seconds(15));
+    /// ```
+    pub fn prestart(&self) -> chrono::Duration {
+        chrono::Duration::seconds(
+            self.prestart_seconds
+                .unwrap_or(0)
+                .clamp(0, MAX_PRESTART_SECONDS),
+        )
     }
 }
 

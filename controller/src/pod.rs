@@ -180,6 +180,22 @@ fn shared_mount() -> VolumeMount {
     }
 }
 
+/// The sidecar's postStart hook: `cojob ready --wait <timeout>`, and `--not-before <tick>`
+/// for a run with a fire time, so a run decided ahead of its tick (`prestartSeconds`) starts its
+/// workload at the tick, by the node's clock.
+fn start_gate(run: &RunIdentity) -> Vec<String> {
+    let mut command = vec![
+        SIDECAR_BINARY.into(),
+        "ready".into(),
+        "--wait".into(),
+        START_GATE_TIMEOUT.into(),
+    ];
+    if !run.fire_time.is_empty() {
+        command.extend(["--not-before".into(), run.fire_time.clone()]);
+    }
+    command
+}
+
 /// The native sidecar: an init container with `restartPolicy: Always` running `cojob sidecar`,
 /// with the holder from the run's Secret (never a plain env value).
 fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
@@ -228,12 +244,7 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
         lifecycle: Some(Lifecycle {
             post_start: Some(LifecycleHandler {
                 exec: Some(ExecAction {
-                    command: Some(vec![
-                        SIDECAR_BINARY.into(),
-                        "ready".into(),
-                        "--wait".into(),
-                        START_GATE_TIMEOUT.into(),
-                    ]),
+                    command: Some(start_gate(run)),
                 }),
                 ..LifecycleHandler::default()
             }),
@@ -575,9 +586,11 @@ mod tests {
                 "/cojob".to_string(),
                 "ready".to_string(),
                 "--wait".to_string(),
-                START_GATE_TIMEOUT.to_string()
+                START_GATE_TIMEOUT.to_string(),
+                "--not-before".to_string(),
+                "2026-08-09T02:00:00.000000Z".to_string(),
             ]),
-            "the workload waits until the sidecar holds the lease"
+            "the workload waits until the sidecar holds the lease, and for its tick"
         );
         assert!(init[0].startup_probe.is_none());
         assert_eq!(init[1].name, "setup");

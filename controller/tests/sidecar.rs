@@ -368,13 +368,31 @@ async fn a_restart_does_not_pass_the_start_gate_on_an_old_file() {
     assert!(cojob_controller::sidecar::ready(r.shared.path()));
     assert!(cojob_controller::sidecar::wait_ready(
         r.shared.path(),
-        Duration::from_millis(100)
+        Duration::from_millis(100),
+        None
     ));
+    // A run decided ahead of its tick: the gate opens at the tick, not before.
+    let tick = chrono::Utc::now() + chrono::Duration::milliseconds(700);
+    let waited = std::time::Instant::now();
+    assert!(cojob_controller::sidecar::wait_ready(
+        r.shared.path(),
+        Duration::from_millis(100),
+        Some(tick)
+    ));
+    assert!(chrono::Utc::now() >= tick, "opened before the tick");
+    assert!(waited.elapsed() >= Duration::from_millis(600));
     // The old format, without a process, never opens it.
     std::fs::write(&file, "1\n").unwrap();
     assert!(!cojob_controller::sidecar::wait_ready(
         r.shared.path(),
-        Duration::from_millis(100)
+        Duration::from_millis(100),
+        None
+    ));
+    // Nor does a tick to come: the sidecar must have attached within the timeout.
+    assert!(!cojob_controller::sidecar::wait_ready(
+        r.shared.path(),
+        Duration::from_millis(100),
+        Some(chrono::Utc::now() + chrono::Duration::milliseconds(300))
     ));
     std::fs::write(&file, format!("1 {me} {start}\n")).unwrap();
     let mut child = spawn(&r, "runs/absent/lease", &cojob::new_holder());

@@ -66,6 +66,8 @@ mod crd_gone;
 mod faults;
 #[path = "operator/fence.rs"]
 mod fence;
+#[path = "operator/prestart.rs"]
+mod prestart;
 #[path = "operator/tenant.rs"]
 mod tenant;
 #[path = "operator/workload.rs"]
@@ -1518,7 +1520,7 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
     );
 
     // b–e, concurrently, each in its own namespace.
-    let scenarios: [(&str, &str, Scenario); 8] = [
+    let scenarios: [(&str, &str, Scenario); 9] = [
         ("b. a 10-second schedule for 60 s", "op-sched", |c, n| {
             Box::pin(every_ten_seconds(c, n))
         }),
@@ -1543,6 +1545,11 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
             "k. tenants: scoped credentials and refused attacks",
             "op-tenant-a",
             |c, n| Box::pin(tenant::tenants(c, n)),
+        ),
+        (
+            "m. runs prepared ahead of their tick",
+            "op-prestart",
+            |c, n| Box::pin(prestart::prepared_ahead(c, n)),
         ),
         (
             "l. workload API across a respawn, and the kubectl plugin",

@@ -106,6 +106,10 @@ enum Command {
         /// answering at once.
         #[arg(long, value_parser = humantime::parse_duration)]
         wait: Option<std::time::Duration>,
+        /// With `--wait`: also wait until this time (RFC 3339) by this node's clock, the run's
+        /// tick, so a run decided ahead of it (`prestartSeconds`) starts its workload on time.
+        #[arg(long, requires = "wait")]
+        not_before: Option<chrono::DateTime<chrono::Utc>>,
     },
 }
 
@@ -204,9 +208,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let outcome = crate::sidecar::run(args, shutdown_signal()).await?;
             std::process::exit(outcome.exit_code());
         }
-        Command::Ready { shared_dir, wait } => {
+        Command::Ready {
+            shared_dir,
+            wait,
+            not_before,
+        } => {
             let ready = match wait {
-                Some(timeout) => crate::sidecar::wait_ready(&shared_dir, timeout),
+                Some(timeout) => crate::sidecar::wait_ready(&shared_dir, timeout, not_before),
                 None => crate::sidecar::ready(&shared_dir),
             };
             if ready {

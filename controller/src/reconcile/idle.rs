@@ -59,8 +59,10 @@ pub(super) fn idle_wait(scope: &JobScope<'_>, now: DateTime<Utc>) -> Option<Dura
     {
         return None;
     }
+    // Due `prestartSeconds` before the tick.
+    let ahead = job.spec.prestart().num_microseconds().unwrap_or(0);
     let to_tick = status.next_schedule_time.as_ref().map(|t| {
-        let micros = t.0.as_microsecond() - now.timestamp_micros();
+        let micros = t.0.as_microsecond() - ahead - now.timestamp_micros();
         Duration::from_micros(u64::try_from(micros).unwrap_or(0)) + PAST_THE_TICK
     });
     Some(

@@ -67,7 +67,7 @@ use finalize::set_finalizers;
 use gc::collect_garbage;
 pub use idle::STORE_ANSWERED_WITHIN;
 use status::{build_status, patch_status, report_not_ready};
-use ticks::{decide_ticks, schedule_fingerprint};
+use ticks::{decide_ticks, due_at, schedule_fingerprint, waits_for_its_tick};
 
 /// The finalizer that lets active runs be cancelled before the object goes.
 pub const FINALIZER: &str = "cojob.dev/cancel-runs";
@@ -556,6 +556,11 @@ async fn sync(
 
     // Follow the schedule the spec has now: an edit applies from when it is seen.
     let now = db.clock().now();
+    // A suspension skips the ticks that fall due, so it cancels the runs decided ahead of
+    // theirs (`prestartSeconds`): their workloads wait for the tick and have not started.
+    if spec.suspend {
+        cancel_ahead_of_tick(scope, &index_of(&known), &pods, now, said).await?;
+    }
     if let (Some(fingerprint), Some(expr)) = (schedule_fingerprint(spec), &spec.schedule) {
         let mut edited = false;
         known = update_index(&doc, known, |i| {
@@ -647,7 +652,8 @@ async fn sync(
     collect_garbage(scope, &index, &pods, &dropped).await?;
     active.retain(|a| index.active.iter().any(|r| r.run_id == a.run_id));
 
-    let until_next = next.map(|n| (n - now).to_std().unwrap_or_default() + PAST_THE_TICK);
+    let until_next =
+        next.map(|n| (due_at(spec, n, now) - now).to_std().unwrap_or_default() + PAST_THE_TICK);
     let mut requeue = until_next.unwrap_or(IDLE_RESYNC).min(IDLE_RESYNC);
     if backfilling {
         requeue = requeue.min(Duration::from_secs(1)); // more ticks of a backfill to decide
@@ -699,11 +705,13 @@ fn pending(job: &CoordinatedJob, now: DateTime<Utc>) -> bool {
         return true;
     };
     // A job without a schedule has its one run decided by the pass that wrote its status.
+    // A tick is due from `prestartSeconds` before it.
+    let ahead = job.spec.prestart().num_microseconds().unwrap_or(0);
     let tick_due = job.spec.schedule.is_some()
         && status
             .next_schedule_time
             .as_ref()
-            .is_none_or(|t| t.0.as_microsecond() <= now.timestamp_micros());
+            .is_none_or(|t| t.0.as_microsecond() - ahead <= now.timestamp_micros());
     let asked = job.annotations().keys().any(|k| {
         k.starts_with(crate::crd::TRIGGER_ANNOTATION_PREFIX)
             || k.starts_with(crate::crd::CANCEL_ANNOTATION_PREFIX)
@@ -794,6 +802,33 @@ async fn replace_older_runs(
                 format!(
                     "run {} cancelled: run {} replaces it",
                     old.run_id, newest.run_id
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Cancels the active runs decided ahead of a tick still to come ([`waits_for_its_tick`]),
+/// announcing each once, from the controller whose call cancelled it.
+async fn cancel_ahead_of_tick(
+    scope: &JobScope<'_>,
+    index: &JobIndex,
+    pods: &BTreeMap<String, RunPods>,
+    now: DateTime<Utc>,
+    said: &mut Announcements,
+) -> Result<(), Error> {
+    let empty = RunPods::new();
+    for run in index.active.iter().filter(|r| waits_for_its_tick(r, now)) {
+        let outcome =
+            sweeper::cancel_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await?;
+        if outcome == sweeper::Cancel::Done {
+            said.normal(
+                "RunCancelled",
+                format!(
+                    "run {} cancelled before its tick {}: the job is suspended",
+                    run.run_id,
+                    run.tick_label()
                 ),
             );
         }

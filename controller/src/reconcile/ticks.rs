@@ -48,6 +48,13 @@ pub(super) async fn decide_ticks(
         .starting_deadline_seconds
         .map(|s| Duration::from_secs(s.max(0).unsigned_abs()));
     let plan = schedule.plan(since, now, deadline, catch_up);
+    // After a tick decided ahead (`prestartSeconds`) the cursor is past `now`: the next tick
+    // is the one after it.
+    let mut next = if since > now {
+        schedule.next_after(since)
+    } else {
+        plan.next
+    };
     let mut proposals: Vec<(DateTime<Utc>, Decision)> = plan
         .missed
         .iter()
@@ -57,6 +64,14 @@ pub(super) async fn decide_ticks(
     let forbid = spec.concurrency_policy == ConcurrencyPolicy::Forbid;
     for t in &plan.run {
         proposals.push((*t, Decision::RunId(run_id(&scope.name, Some(*t)))));
+    }
+    // The next tick's run, decided ahead while the job is free: nothing active, nothing due
+    // to run now, not suspended. Otherwise it is decided at its tick, as without a prestart.
+    let ahead = next
+        .filter(|n| now >= *n - spec.prestart() && !busy && plan.run.is_empty() && !spec.suspend);
+    if let Some(t) = ahead {
+        proposals.push((t, Decision::RunId(run_id(&scope.name, Some(t)))));
+        next = schedule.next_after(t);
     }
     proposals.sort_by_key(|(t, _)| *t);
     if !proposals.is_empty() && !still_current(scope).await? {
@@ -75,7 +90,30 @@ pub(super) async fn decide_ticks(
         }
         out.push((Some(t), decision));
     }
-    Ok((out, plan.next, plan.missed_before))
+    Ok((out, next, plan.missed_before))
+}
+
+/// When a pass is due for the tick `next`: `prestartSeconds` before it, or at the tick itself
+/// once that moment passed without its run decided ahead (the job was busy then).
+pub(super) fn due_at(
+    spec: &CoordinatedJobSpec,
+    next: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> DateTime<Utc> {
+    let early = next - spec.prestart();
+    if early > now { early } else { next }
+}
+
+/// True while a run decided ahead waits for its tick: its fire time is still to come. A
+/// suspension cancels such a run, as it skips the ticks that fall due.
+pub(super) fn waits_for_its_tick(run: &ActiveRun, now: DateTime<Utc>) -> bool {
+    run.trigger.is_none()
+        && run.backfill.is_none()
+        && run
+            .fire_time
+            .as_deref()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .is_some_and(|t| t > now)
 }
 
 /// Where the schedule's own ticks begin: after the index's cursor, or the one mirrored in the
@@ -187,4 +225,72 @@ pub(super) async fn claim_at(
         }
     }
     Ok((claim.value, claim.won))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn spec(prestart: Option<i64>) -> CoordinatedJobSpec {
+        serde_json::from_value(serde_json::json!({
+            "schedule": "* * * * *", "prestartSeconds": prestart, "template": {}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pass_is_due_prestart_before_the_tick_then_at_the_tick() {
+        let tick = at("2026-12-05T10:00:00Z");
+        let ahead = spec(Some(20));
+        assert_eq!(
+            due_at(&ahead, tick, at("2026-12-05T09:59:00Z")),
+            at("2026-12-05T09:59:40Z")
+        );
+        // Inside the prestart (the job was busy at its start): at the tick.
+        assert_eq!(due_at(&ahead, tick, at("2026-12-05T09:59:40Z")), tick);
+        assert_eq!(due_at(&ahead, tick, at("2026-12-05T09:59:50Z")), tick);
+        assert_eq!(due_at(&spec(None), tick, at("2026-12-05T09:59:00Z")), tick);
+        // Out of bounds (refused at apply time) is clamped.
+        assert_eq!(spec(Some(-5)).prestart(), chrono::Duration::zero());
+        assert_eq!(
+            spec(Some(100_000)).prestart(),
+            chrono::Duration::seconds(600)
+        );
+    }
+
+    #[test]
+    fn only_a_tick_run_whose_tick_is_to_come_waits_for_it() {
+        let now = at("2026-12-05T09:59:50Z");
+        let run = |fire: &str, trigger: Option<&str>, backfill: Option<&str>| ActiveRun {
+            run_id: "r".into(),
+            fire_time: Some(fire.into()),
+            trigger: trigger.map(String::from),
+            backfill: backfill.map(String::from),
+        };
+        assert!(waits_for_its_tick(
+            &run("2026-12-05T10:00:00.000000Z", None, None),
+            now
+        ));
+        assert!(!waits_for_its_tick(
+            &run("2026-12-05T09:59:00.000000Z", None, None),
+            now
+        ));
+        assert!(!waits_for_its_tick(
+            &run("2026-12-05T10:00:00.000000Z", Some("k"), None),
+            now
+        ));
+        assert!(!waits_for_its_tick(
+            &run("2026-12-05T10:00:00.000000Z", None, Some("b")),
+            now
+        ));
+        let once = ActiveRun {
+            run_id: "r".into(),
+            ..ActiveRun::default()
+        };
+        assert!(!waits_for_its_tick(&once, now));
+    }
 }

@@ -75,17 +75,39 @@ pub fn ready(shared_dir: &Path) -> bool {
     }
 }
 
-/// `cojob ready --wait`: polls [`ready`] every 20 ms until it holds (true) or `timeout` passed
-/// (false). The sidecar's postStart hook: the kubelet starts the workload's containers only
-/// once the hook returned, so the workload starts within 20 ms of the attach, where a startup
-/// probe would wait for its next period.
-pub fn wait_ready(shared_dir: &Path, timeout: Duration) -> bool {
+/// `cojob ready --wait [--not-before <time>]`: polls [`ready`] every 20 ms until it holds and
+/// `not_before` has come by this node's clock (true), or the sidecar has not attached within
+/// `timeout` (false). The sidecar's postStart hook: the kubelet starts the workload's containers
+/// only once the hook returned, so the workload starts within 20 ms of the attach, where a
+/// startup probe would wait for its next period, and never before its tick when its run was
+/// decided ahead (`prestartSeconds`).
+///
+/// The wait for `not_before` is bounded by [`MAX_PRESTART_SECONDS`](crate::crd::MAX_PRESTART_SECONDS)
+/// and `timeout` from the hook's start: a fire time further ahead is not one the controller
+/// writes.
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("cojob-gate-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// // No sidecar attached: the gate stays shut until its timeout.
+/// let timeout = std::time::Duration::from_millis(50);
+/// assert!(!cojob_controller::sidecar::wait_ready(&dir, timeout, None));
+/// ```
+pub fn wait_ready(
+    shared_dir: &Path,
+    timeout: Duration,
+    not_before: Option<chrono::DateTime<chrono::Utc>>,
+) -> bool {
     let started = std::time::Instant::now();
+    let longest = timeout + Duration::from_secs(crate::crd::MAX_PRESTART_SECONDS.unsigned_abs());
     loop {
-        if ready(shared_dir) {
+        let attached = ready(shared_dir);
+        let due = not_before.is_none_or(|t| chrono::Utc::now() >= t);
+        if attached && due {
             return true;
         }
-        if started.elapsed() >= timeout {
+        let waited = started.elapsed();
+        if (!attached && waited >= timeout) || waited >= longest {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));

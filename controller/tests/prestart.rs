@@ -1,0 +1,196 @@
+//! Runs decided ahead of their tick (`prestartSeconds`), against a real kube-apiserver and etcd
+//! and a real S3 server: the tick is claimed and its pod created `prestartSeconds` before it,
+//! with a start gate that holds the workload until the tick; a busy job decides its tick at the
+//! tick, as without a prestart; a suspension cancels a run whose tick has not come.
+
+mod support;
+
+use std::time::Duration;
+
+use chrono::{DateTime, DurationRound, Timelike, Utc};
+use cojob_controller::index::Decision;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use serde_json::json;
+use support::{Budget, Harness};
+
+/// A daily schedule whose tick is the second whole minute from now; moves the fake clock to
+/// `offset` seconds into the minute before that tick. Returns the tick and the schedule (no
+/// tick of it falls between the job's creation and the tick).
+fn daily_at_second(h: &Harness, offset: u64) -> (DateTime<Utc>, String) {
+    let minute = chrono::Duration::minutes(1);
+    let now = h.now();
+    let tick = now.duration_trunc(minute).unwrap() + minute * 2;
+    h.advance((tick - minute - now).to_std().unwrap() + Duration::from_secs(offset));
+    (tick, format!("{} {} * * *", tick.minute(), tick.hour()))
+}
+
+fn state(l: &cojob::LeaseInfo) -> cojob_controller::run::RunState {
+    cojob_controller::run::RunState::parse(&l.state).expect("a run state")
+}
+
+fn tick_run(name: &str, tick: DateTime<Utc>) -> String {
+    cojob_controller::layout::run_id(name, Some(tick))
+}
+
+/// The env value `name` of the pod's first container that sets it.
+fn pod_env(pod: &k8s_openapi::api::core::v1::Pod, name: &str) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+/// The sidecar's postStart command.
+fn start_gate(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .and_then(|i| i.first())
+        .and_then(|c| c.lifecycle.as_ref())
+        .and_then(|l| l.post_start.as_ref())
+        .and_then(|h| h.exec.as_ref())
+        .and_then(|e| e.command.clone())
+        .expect("the sidecar's postStart command")
+}
+
+/// A daily job with a 20 s prestart, 50 s before its tick: its passes ask to come back 20 s
+/// before the tick, idle or not; the pass then claims the tick and creates its pod, whose start
+/// gate waits for the tick; the status says so; the pass at the tick decides nothing again.
+#[tokio::test]
+async fn a_tick_is_decided_ahead_and_its_pod_waits_for_it() {
+    let h = Harness::new("it-prestart").await;
+    let (tick, schedule) = daily_at_second(&h, 10);
+    h.create_job(
+        "ahead",
+        json!({"schedule": schedule, "prestartSeconds": 20}),
+    )
+    .await;
+    let cx = h.context(&Budget::unlimited());
+    cx.focus.start();
+    let ms = |ms: u64| Action::requeue(Duration::from_millis(ms));
+    // 30 s until 20 s before the tick, and the 50 ms a pass is asked for past its time.
+    assert_eq!(h.reconcile_with(&cx, "ahead").await.unwrap(), ms(30_050));
+    assert!(h.decisions("ahead").await.is_empty());
+    // An idle pass a second later asks for the same moment.
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.reconcile_with(&cx, "ahead").await.unwrap(), ms(29_050));
+    assert!(cx.metrics.encode().contains("cojob_idle_passes_total 1"));
+
+    h.advance(Duration::from_millis(29_050));
+    assert!(h.now() < tick);
+    h.reconcile_with(&cx, "ahead").await.unwrap();
+    let run = tick_run("ahead", tick);
+    assert_eq!(
+        h.decisions("ahead").await,
+        vec![(cojob::json::format_time(tick), Decision::RunId(run.clone()))],
+        "the tick is claimed 20 s ahead"
+    );
+    let pods = h.job_pods("ahead").await;
+    assert_eq!(pods.len(), 1);
+    let fire = cojob::json::format_time(tick);
+    assert_eq!(
+        pod_env(&pods[0], "COJOB_FIRE_TIME").as_deref(),
+        Some(fire.as_str())
+    );
+    let gate = start_gate(&pods[0]);
+    assert_eq!(
+        gate[gate.len() - 2..],
+        ["--not-before".to_string(), fire.clone()],
+        "the workload waits for its tick: {gate:?}"
+    );
+    let status = h.job("ahead").await.status.expect("a status");
+    assert_eq!(
+        status.last_schedule_time.map(|t| t.0.as_second()),
+        Some(tick.timestamp())
+    );
+    assert_eq!(
+        status.next_schedule_time.map(|t| t.0.as_second()),
+        Some(tick.timestamp() + 86_400),
+        "the next tick is the one after"
+    );
+    assert_eq!(status.active.len(), 1);
+
+    // Passes before and at the tick decide nothing again and create no other pod.
+    for step in [Duration::from_secs(10), Duration::from_secs(11)] {
+        h.advance(step);
+        h.reconcile_with(&cx, "ahead").await.unwrap();
+        assert_eq!(h.decisions("ahead").await.len(), 1, "at {}", h.now());
+        assert_eq!(h.live_pod_names("ahead").await, vec![format!("{run}-1")]);
+    }
+    assert!(h.now() > tick);
+    h.cleanup().await;
+}
+
+/// A job with an active run when its prestart comes (Forbid, the default) decides the tick at
+/// the tick, as without a prestart: here, skipped, since the run is still active.
+#[tokio::test]
+async fn a_busy_job_decides_its_tick_at_the_tick() {
+    let h = Harness::new("it-prestart-busy").await;
+    let (tick, schedule) = daily_at_second(&h, 10);
+    h.create_job("busy", json!({"schedule": schedule, "prestartSeconds": 20}))
+        .await;
+    h.settle("busy", 1).await;
+    h.trigger("busy", "first").await;
+    h.settle("busy", 1).await;
+    assert_eq!(h.job("busy").await.status.unwrap().active.len(), 1);
+    h.advance(Duration::from_secs(35)); // 15 s before the tick
+    h.settle("busy", 2).await;
+    assert!(
+        h.decisions("busy").await.is_empty(),
+        "nothing is decided ahead while a run is active"
+    );
+    h.advance(Duration::from_secs(16)); // past the tick
+    h.settle("busy", 1).await;
+    assert_eq!(
+        h.decisions("busy").await,
+        vec![(
+            cojob::json::format_time(tick),
+            Decision::Skipped("ConcurrencyForbid".into())
+        )]
+    );
+    h.cleanup().await;
+}
+
+/// A job suspended after its tick's run was decided ahead, before the tick: the run is
+/// cancelled (its workload never started), its pod deleted, and nothing runs for that tick.
+#[tokio::test]
+async fn a_suspension_cancels_a_run_decided_ahead_of_its_tick() {
+    let h = Harness::new("it-prestart-suspend").await;
+    let (tick, schedule) = daily_at_second(&h, 45); // 15 s before the tick: within the prestart
+    h.create_job("held", json!({"schedule": schedule, "prestartSeconds": 20}))
+        .await;
+    h.settle("held", 1).await;
+    let run = tick_run("held", tick);
+    assert_eq!(h.live_pod_names("held").await, vec![format!("{run}-1")]);
+    h.jobs()
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    h.advance(Duration::from_secs(1));
+    h.settle("held", 3).await;
+    let lease = h.lease("held", &run).await.expect("the run's lease");
+    assert_eq!(state(&lease).status.as_str(), "cancelled");
+    assert!(
+        h.live_pod_names("held").await.is_empty(),
+        "its pod is deleted"
+    );
+    let reasons = h.event_reasons("held").await;
+    assert!(reasons.iter().any(|r| r == "RunCancelled"), "{reasons:?}");
+    // Past the tick: it stays decided once, and cancelled; no pod.
+    h.advance(Duration::from_secs(20));
+    h.settle("held", 2).await;
+    assert_eq!(h.decisions("held").await.len(), 1);
+    assert!(h.live_pod_names("held").await.is_empty());
+    let s = h.job("held").await.status.expect("a status");
+    assert_eq!((s.counters.cancelled, s.counters.active), (1, 0));
+    h.cleanup().await;
+}

@@ -1,0 +1,176 @@
+//! m. Runs prepared ahead of their tick (`prestartSeconds`) on a real kubelet: each tick's pod
+//!    is created before the tick, its sidecar attaches, and its workload still starts at the
+//!    tick, never before, once per tick. The effect ledger is the workload's own clock: each run
+//!    prints the second it started, which must not be before its tick.
+
+use super::*;
+use kube::ResourceExt;
+
+/// The prestart of this scenario's job, in seconds; ticks are 20 s apart.
+const PRESTART: i64 = 10;
+
+pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
+    let name = "ahead";
+    let created = create_job(
+        &ctx,
+        &ns,
+        name,
+        spec(
+            "echo effect fire=$COJOB_FIRE_TIME started=$(date +%s); sleep 1",
+            json!({"schedule": "*/20 * * * * *", "prestartSeconds": PRESTART}),
+        ),
+    )
+    .await?;
+    let uid = created.metadata.uid.clone().context("no uid")?;
+    let created_at = created
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .context("no creationTimestamp")?;
+    // Three ticks, the first with its whole prestart after the object's creation.
+    let first = ((created_at + PRESTART + 2) / 20 + 1) * 20;
+    let window: Vec<i64> = (0..3).map(|i| first + i * 20).collect();
+    let last = *window.last().unwrap();
+    println!(
+        "m: {ns}/{name} created at {}; ticks {:?}",
+        ts(created_at),
+        window.iter().map(|t| ts(*t)).collect::<Vec<_>>()
+    );
+    // The pods as they are created: the watch would see them too, polling is enough at 300 ms.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let lp = ListParams::default().labels(&format!("cojob.dev/job={name}"));
+    let mut first_seen: BTreeMap<String, i64> = BTreeMap::new();
+    while now_secs() < last + 8 {
+        for p in pods.list(&lp).await?.items {
+            first_seen.entry(p.name_any()).or_insert_with(now_secs);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    coordinated_jobs(&ctx.client, &ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .context("suspending")?;
+    let rows = wait_for(
+        "every tick of the window decided and its run finished",
+        Duration::from_secs(60),
+        || async {
+            let rows = runs(&ctx, &ns, name, &uid).await?;
+            let done = window.iter().all(|t| {
+                rows.iter().any(|r| {
+                    r.tick_seconds() == Some(*t)
+                        && r.lease.as_ref().is_some_and(LeaseView::is_terminal)
+                })
+            });
+            if done {
+                Ok(Some(rows))
+            } else {
+                Err(anyhow!("not yet:\n{}", runs_table(&rows)))
+            }
+        },
+    )
+    .await?;
+    let table = runs_table(&rows);
+    let mut ahead = 0;
+    for tick in &window {
+        let at_tick: Vec<&RunRow> = rows
+            .iter()
+            .filter(|r| r.tick_seconds() == Some(*tick))
+            .collect();
+        ensure!(
+            at_tick.len() == 1,
+            "tick {} decided {} times\n{table}",
+            ts(*tick),
+            at_tick.len()
+        );
+        let run = at_tick[0]
+            .decision
+            .run_id()
+            .with_context(|| format!("tick {} did not run\n{table}", ts(*tick)))?;
+        let lease = at_tick[0].lease.as_ref().context("no lease")?;
+        ensure!(
+            lease.status() == Some("succeeded") && lease.epoch == 1,
+            "run {run}: {}\n{table}",
+            lease.state
+        );
+        let pod = pods
+            .get(&format!("{run}-1"))
+            .await
+            .with_context(|| format!("the pod of {run}"))?;
+        let pod_created = pod
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second())
+            .context("no creationTimestamp")?;
+        let main_started = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.iter().find(|c| c.name == "main"))
+            .and_then(|c| c.state.as_ref())
+            .and_then(|s| {
+                s.terminated
+                    .as_ref()
+                    .and_then(|t| t.started_at.clone())
+                    .or_else(|| s.running.as_ref().and_then(|r| r.started_at.clone()))
+            })
+            .map(|t| t.0.as_second())
+            .with_context(|| format!("no start time for the workload of {run}"))?;
+        // The effect ledger: the workload's own clock when it started.
+        let log = pods
+            .logs(
+                &format!("{run}-1"),
+                &kube::api::LogParams {
+                    container: Some("main".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .with_context(|| format!("the log of {run}"))?;
+        let effects: Vec<i64> = log
+            .lines()
+            .filter_map(|l| l.split("started=").nth(1))
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+        ensure!(
+            effects.len() == 1,
+            "run {run}: effects {effects:?} in {log:?}"
+        );
+        ensure!(
+            effects[0] >= *tick && main_started >= *tick,
+            "run {run} started before its tick {}: workload clock {}, container {}",
+            ts(*tick),
+            ts(effects[0]),
+            ts(main_started)
+        );
+        if pod_created < *tick {
+            ahead += 1;
+        }
+        println!(
+            "m: tick {}: pod created {:+} s, workload started {:+} s (its clock {:+} s), seen by the test {:+} s",
+            ts(*tick),
+            pod_created - tick,
+            main_started - tick,
+            effects[0] - tick,
+            first_seen
+                .get(&pod.name_any())
+                .map_or(i64::MAX, |s| s - tick),
+        );
+    }
+    // The controller passes `prestartSeconds` before each tick; on a loaded node one pass may be
+    // late, not all of them.
+    ensure!(
+        ahead >= window.len() - 1,
+        "only {ahead} of {} pods were created before their tick\n{table}",
+        window.len()
+    );
+    println!(
+        "m: ok: {ahead} of 3 pods created ahead of their tick, every workload started at or after it, once"
+    );
+    Ok(())
+}
