@@ -75,6 +75,10 @@ struct Options {
     /// Minutes between ticks on the simulated nodes.
     #[arg(long, value_name = "MINUTES", default_value_t = 5, value_parser = divides_hour)]
     kwok_every: u32,
+    /// The CoordinatedJobs' `prestartSeconds`: each tick's run is decided and its pod created
+    /// this long before the tick, and its workload still starts at the tick (0: at the tick).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600))]
+    prestart: u64,
     /// Ticks measured on the simulated nodes (at most 10).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10))]
     kwok_ticks: u32,
@@ -666,6 +670,9 @@ struct SizeResult {
     ticks: u32,
     every_minutes: u32,
     nodes: Nodes,
+    /// The CoordinatedJobs' `prestartSeconds` (0 in reports from before the option).
+    #[serde(default)]
+    prestart_seconds: u64,
     cronjob: Figures,
     cojob: Figures,
     /// The cojob controller's process was not the same at the end of the window (it restarted:
@@ -857,8 +864,13 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     );
     let spec = pod_spec(nodes, &["true"]);
     for_each_parallel(n, |i| {
-        let (cronjobs, cojobs, cron, spec) =
-            (cronjobs.clone(), cojobs.clone(), cron.clone(), spec.clone());
+        let (cronjobs, cojobs, cron, spec, prestart) = (
+            cronjobs.clone(),
+            cojobs.clone(),
+            cron.clone(),
+            spec.clone(),
+            o.prestart,
+        );
         async move {
             let cj: CronJob = serde_json::from_value(json!({
                 "metadata": {"name": format!("cj-{i}")},
@@ -878,6 +890,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
                     "schedule": cron,
                     "concurrencyPolicy": "Allow",
                     "successfulRunsHistoryLimit": 10,
+                    "prestartSeconds": prestart,
                     "template": {"spec": spec}
                 }
             }))?;
@@ -1088,6 +1101,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         ticks: ticks_n,
         every_minutes: every,
         nodes,
+        prestart_seconds: o.prestart,
         tick_pickup: if restarted {
             after.pickup.since(&after.pickup)
         } else {
@@ -1149,8 +1163,12 @@ fn plot_point(r: &SizeResult) -> plots::Point {
     }
 }
 
+/// cojob's figure over CronJob's; a negative cojob figure (pods created ahead of the tick, with
+/// `--prestart`) has no ratio, and says so.
 fn ratio(a: f64, b: f64) -> String {
-    if b > 0.0 {
+    if a < 0.0 {
+        format!("ahead ({a} s vs {b} s)")
+    } else if b > 0.0 {
         format!("{:.2}", a / b)
     } else if a == 0.0 {
         "= (both 0)".into()
@@ -1180,7 +1198,11 @@ fn tables(results: &[SizeResult]) -> String {
             Nodes::Real => "real",
             Nodes::Kwok => "kwok (simulated)",
         };
-        for (kind, f) in [("CronJob", &r.cronjob), ("cojob", &r.cojob)] {
+        let cojob = match r.prestart_seconds {
+            0 => "cojob".to_string(),
+            s => format!("cojob, prestart {s} s"),
+        };
+        for (kind, f) in [("CronJob", &r.cronjob), (cojob.as_str(), &r.cojob)] {
             t.push_str(&format!(
                 "| {} | {nodes} | {} ({} min) | {kind} | {} | {} / {} / {} | {} / {} / {} | {} | {} | {} | {} |\n",
                 r.n,
@@ -1437,6 +1459,14 @@ mod tests {
 
     fn t(s: &str) -> DateTime<Utc> {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_ratio_says_ahead_when_pods_come_before_the_tick() {
+        assert_eq!(ratio(-9.0, 0.0), "ahead (-9 s vs 0 s)");
+        assert_eq!(ratio(-2.0, 3.0), "ahead (-2 s vs 3 s)");
+        assert_eq!(ratio(2.0, 4.0), "0.50");
+        assert_eq!(ratio(0.0, 0.0), "= (both 0)");
     }
 
     #[test]
