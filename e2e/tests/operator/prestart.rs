@@ -122,16 +122,7 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
             .map(|t| t.0.as_second())
             .with_context(|| format!("no start time for the workload of {run}"))?;
         // The effect ledger: the workload's own clock when it started.
-        let log = pods
-            .logs(
-                &format!("{run}-1"),
-                &kube::api::LogParams {
-                    container: Some("main".into()),
-                    ..Default::default()
-                },
-            )
-            .await
-            .with_context(|| format!("the log of {run}"))?;
+        let log = pod_log_tail(&ns, &format!("{run}-1"), Some("main"), 50);
         let effects: Vec<i64> = log
             .lines()
             .filter_map(|l| l.split("started=").nth(1))
