@@ -1294,7 +1294,7 @@ struct Report {
 }
 
 /// Adds to `results` the sizes of an earlier report that this run did not measure (the same
-/// N on the same kind of node), and its recoveries and costs if this run measured none; real
+/// N on the same kind of node with the same `--prestart`), and its recoveries and costs if this run measured none; real
 /// nodes first, then by N.
 fn merge(
     path: &str,
@@ -1307,7 +1307,9 @@ fn merge(
     let earlier: Report = serde_json::from_str(&text)
         .with_context(|| format!("{path} is not a cojob-bench report"))?;
     for old in earlier.sizes {
-        if !results.iter().any(|r| r.n == old.n && r.nodes == old.nodes) {
+        if !results.iter().any(|r| {
+            r.n == old.n && r.nodes == old.nodes && r.prestart_seconds == old.prestart_seconds
+        }) {
             println!(
                 "bench: keeping N = {} ({:?} nodes, measured {}) from {path}",
                 old.n, old.nodes, old.measured
@@ -1315,7 +1317,7 @@ fn merge(
             results.push(old);
         }
     }
-    results.sort_by_key(|r| (r.nodes == Nodes::Kwok, r.n));
+    results.sort_by_key(|r| (r.nodes == Nodes::Kwok, r.n, r.prestart_seconds));
     if recoveries.is_empty() {
         *recoveries = earlier.recovery;
     }
