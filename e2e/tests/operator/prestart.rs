@@ -1,7 +1,9 @@
 //! m. Runs prepared ahead of their tick (`prestartSeconds`) on a real kubelet: each tick's pod
 //!    is created before the tick, its sidecar attaches, and its workload still starts at the
 //!    tick, never before, once per tick. The effect ledger is the workload's own clock: each run
-//!    prints the second it started, which must not be before its tick.
+//!    prints the second it started, which must not be before its tick. Then the job is
+//!    suspended while the next tick's run waits in its start gate: that run is cancelled and
+//!    its workload never runs.
 
 use super::*;
 use kube::ResourceExt;
@@ -41,12 +43,32 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let lp = ListParams::default().labels(&format!("cojob.dev/job={name}"));
     let mut first_seen: BTreeMap<String, i64> = BTreeMap::new();
-    while now_secs() < last + 8 {
+    // Then the tick after the window: once its run is decided ahead and its sidecar attached
+    // (the lease says `running`, the workload waits in the start gate), the job is suspended.
+    let held = last + 20;
+    let held_run = loop {
         for p in pods.list(&lp).await?.items {
             first_seen.entry(p.name_any()).or_insert_with(now_secs);
         }
+        if now_secs() > last {
+            let rows = runs(&ctx, &ns, name, &uid).await?;
+            let attached = rows.iter().find(|r| {
+                r.tick_seconds() == Some(held)
+                    && r.lease.as_ref().and_then(LeaseView::status) == Some("running")
+            });
+            if let Some(r) = attached.and_then(|r| r.decision.run_id()) {
+                break r.to_string();
+            }
+        }
+        ensure!(
+            now_secs() < held - 2,
+            "the run of {} was not attached ahead of its tick by {}",
+            ts(held),
+            ts(now_secs())
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    };
+    let suspended_at = now_secs();
     coordinated_jobs(&ctx.client, &ns)
         .patch(
             name,
@@ -55,6 +77,12 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
         )
         .await
         .context("suspending")?;
+    println!(
+        "m: {held_run} attached ahead of its tick {}; the job suspended {} s before it",
+        ts(held),
+        held - suspended_at
+    );
+    let window: Vec<i64> = window.into_iter().chain([held]).collect();
     let rows = wait_for(
         "every tick of the window decided and its run finished",
         Duration::from_secs(60),
@@ -75,8 +103,34 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     )
     .await?;
     let table = runs_table(&rows);
+    // The suspended tick: cancelled, its workload never started, no effect.
+    let cancelled = rows
+        .iter()
+        .find(|r| r.decision.run_id() == Some(held_run.as_str()))
+        .and_then(|r| r.lease.as_ref())
+        .context("the held run's lease")?;
+    ensure!(
+        cancelled.status() == Some("cancelled"),
+        "the run suspended before its tick ended {}\n{table}",
+        cancelled.state
+    );
+    let held_log = pod_log_tail(&ns, &format!("{held_run}-1"), Some("main"), 50);
+    ensure!(
+        !held_log.contains("effect"),
+        "the run suspended before its tick ran its workload: {held_log:?}"
+    );
+    if let Some(pod) = pods.get_opt(&format!("{held_run}-1")).await? {
+        let started = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .into_iter()
+            .flatten()
+            .any(|c| c.name == "main" && c.started == Some(true));
+        ensure!(!started, "the held run's workload container started");
+    }
+    let window = &window[..window.len() - 1];
     let mut ahead = 0;
-    for tick in &window {
+    for tick in window {
         let at_tick: Vec<&RunRow> = rows
             .iter()
             .filter(|r| r.tick_seconds() == Some(*tick))
