@@ -91,6 +91,16 @@ struct Ctx {
     store_proxy: Option<cojob_e2e::proxy::LatencyProxy>,
 }
 
+/// An object's `creationTimestamp`, in whole seconds since the epoch.
+fn created_second(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> anyhow::Result<i64> {
+    meta.creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .context("no creationTimestamp")
+}
+
 fn now_secs() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -163,6 +173,19 @@ async fn create_job(ctx: &Ctx, ns: &str, name: &str, spec: Value) -> anyhow::Res
         .create(&PostParams::default(), &coordinated_job(name, spec))
         .await
         .with_context(|| format!("creating CoordinatedJob {ns}/{name}"))
+}
+
+/// Sets `spec.suspend` of the CoordinatedJob `ns/name`.
+async fn suspend(ctx: &Ctx, ns: &str, name: &str) -> anyhow::Result<()> {
+    coordinated_jobs(&ctx.client, ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .with_context(|| format!("suspending {ns}/{name}"))?;
+    Ok(())
 }
 
 async fn job_status(ctx: &Ctx, ns: &str, name: &str) -> anyhow::Result<Value> {
@@ -718,12 +741,7 @@ async fn every_ten_seconds(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     )
     .await?;
     let uid = created.metadata.uid.clone().context("no uid")?;
-    let created_at = created
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second())
-        .context("no creationTimestamp")?;
+    let created_at = created_second(&created.metadata)?;
     // The window: the first 10-second tick after creation and the six after it (60 s).
     let first = (created_at / 10 + 1) * 10;
     let window: Vec<i64> = (0..=6).map(|i| first + i * 10).collect();
@@ -755,14 +773,7 @@ async fn every_ten_seconds(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
     // Stop scheduling (later ticks are recorded as skipped), then let the last runs finish.
-    coordinated_jobs(&ctx.client, &ns)
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"suspend": true}})),
-        )
-        .await
-        .context("suspending")?;
+    suspend(&ctx, &ns, name).await?;
     let rows = wait_for(
         "every tick of the window decided and every run finished",
         Duration::from_secs(45),

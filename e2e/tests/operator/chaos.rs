@@ -419,13 +419,7 @@ pub async fn scenario(ctx: Arc<Ctx>, ns: String, fault: Fault) -> anyhow::Result
     // resumes, leases expire and are taken over).
     // (Retried: the apiserver may still be starting after the last restart.)
     wait_for("the job suspended", Duration::from_secs(60), || async {
-        coordinated_jobs(&ctx.client, &ns)
-            .patch(
-                job,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"suspend": true}})),
-            )
-            .await?;
+        suspend(&ctx, &ns, job).await?;
         Ok(Some(()))
     })
     .await?;

@@ -29,12 +29,7 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     )
     .await?;
     let uid = created.metadata.uid.clone().context("no uid")?;
-    let created_at = created
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second())
-        .context("no creationTimestamp")?;
+    let created_at = created_second(&created.metadata)?;
     // Three ticks, the first with its whole prestart after the object's creation.
     let first = ((created_at + PRESTART + 2) / 20 + 1) * 20;
     let window: Vec<i64> = (0..3).map(|i| first + i * 20).collect();
@@ -74,14 +69,7 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     let suspended_at = now_secs();
-    coordinated_jobs(&ctx.client, &ns)
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"suspend": true}})),
-        )
-        .await
-        .context("suspending")?;
+    suspend(&ctx, &ns, name).await?;
     println!(
         "m: {held_run} attached ahead of its tick {}; the job suspended {} s before it",
         ts(held),
@@ -160,12 +148,7 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
             .get(&format!("{run}-1"))
             .await
             .with_context(|| format!("the pod of {run}"))?;
-        let pod_created = pod
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_second())
-            .context("no creationTimestamp")?;
+        let pod_created = created_second(&pod.metadata)?;
         let main_started = pod
             .status
             .as_ref()
