@@ -113,7 +113,8 @@ pub struct CoordinatedJobSpec {
     /// scheduled, its images pulled and its sidecar attached by the tick; the workload's
     /// containers still start at the tick, by the node's clock, never before. A run is decided
     /// (claimed) when its pod is created; it is prepared ahead only while the job has no active
-    /// run, and a job suspended before the tick cancels it. Absent or 0: at the tick.
+    /// run, and a job suspended before the tick cancels it. Absent or 0: at the tick. See
+    /// docs/operator.md for how it meets suspension, concurrency and schedule edits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 600").message("prestartSeconds must be between 0 and 600"))]
     pub prestart_seconds: Option<i64>,

@@ -180,20 +180,16 @@ fn shared_mount() -> VolumeMount {
     }
 }
 
-/// The sidecar's postStart hook: `cojob ready --wait <timeout>`, and `--not-before <tick>`
-/// for a run with a fire time, so a run decided ahead of its tick (`prestartSeconds`) starts its
-/// workload at the tick, by the node's clock.
-fn start_gate(run: &RunIdentity) -> Vec<String> {
-    let mut command = vec![
+/// The sidecar's postStart hook: `cojob ready --wait <timeout>`. The hook runs with the
+/// container's environment, so it also waits for the run's `COJOB_FIRE_TIME`: a run decided
+/// ahead of its tick (`prestartSeconds`) starts its workload at the tick, by the node's clock.
+fn start_gate() -> Vec<String> {
+    vec![
         SIDECAR_BINARY.into(),
         "ready".into(),
         "--wait".into(),
         START_GATE_TIMEOUT.into(),
-    ];
-    if !run.fire_time.is_empty() {
-        command.extend(["--not-before".into(), run.fire_time.clone()]);
-    }
-    command
+    ]
 }
 
 /// The native sidecar: an init container with `restartPolicy: Always` running `cojob sidecar`,
@@ -244,7 +240,7 @@ fn sidecar(run: &RunIdentity, cfg: &SidecarConfig) -> Container {
         lifecycle: Some(Lifecycle {
             post_start: Some(LifecycleHandler {
                 exec: Some(ExecAction {
-                    command: Some(start_gate(run)),
+                    command: Some(start_gate()),
                 }),
                 ..LifecycleHandler::default()
             }),
@@ -587,10 +583,8 @@ mod tests {
                 "ready".to_string(),
                 "--wait".to_string(),
                 START_GATE_TIMEOUT.to_string(),
-                "--not-before".to_string(),
-                "2026-08-09T02:00:00.000000Z".to_string(),
             ]),
-            "the workload waits until the sidecar holds the lease, and for its tick"
+            "the workload waits until the sidecar holds the lease"
         );
         assert!(init[0].startup_probe.is_none());
         assert_eq!(init[1].name, "setup");

@@ -126,7 +126,28 @@ fn signal_group(pgid: u32, signal: rustix::process::Signal) {
     }
 }
 
-/// Runs the workload under the self-fence; returns the exit code for the wrapper.
+/// How long the workload must still wait for its tick (`COJOB_FIRE_TIME`), at most the
+/// longest prestart and the start gate's timeout: `None` once it has come.
+///
+/// ```
+/// use chrono::{Duration, Utc};
+/// let now = Utc::now();
+/// let wait = cojob_controller::wrap::until_tick(Some(now + Duration::seconds(5)), now);
+/// assert_eq!(wait, Some(std::time::Duration::from_secs(5)));
+/// assert_eq!(cojob_controller::wrap::until_tick(Some(now), now), None);
+/// assert_eq!(cojob_controller::wrap::until_tick(None, now), None);
+/// ```
+pub fn until_tick(
+    tick: Option<chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Duration> {
+    let longest = Duration::from_secs(crate::crd::MAX_PRESTART_SECONDS.unsigned_abs() + 120);
+    let wait = (tick? - now).to_std().ok().filter(|d| !d.is_zero())?;
+    Some(wait.min(longest))
+}
+
+/// Runs the workload under the self-fence, from the run's tick on; returns the exit code for
+/// the wrapper.
 pub async fn run(args: Args) -> anyhow::Result<i32> {
     use std::os::unix::process::CommandExt;
     use tokio::signal::unix::{SignalKind, signal};
@@ -138,6 +159,20 @@ pub async fn run(args: Args) -> anyhow::Result<i32> {
         .ok_or_else(|| anyhow::anyhow!("no command to run"))?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    // The start gate held this container until the run's tick; it does not run again if the
+    // kubelet restarted while it waited, so the wrapper waits for the tick too.
+    if let Some(wait) = until_tick(crate::sidecar::fire_time_from_env(), chrono::Utc::now()) {
+        eprintln!("cojob wrap: waiting {}s for the run's tick", wait.as_secs());
+        tokio::select! {
+            _ = term.recv() => return Ok(128 + 15),
+            _ = int.recv() => return Ok(128 + 2),
+            () = tokio::time::sleep(wait) => {}
+        }
+        if dir.join("lease_lost").exists() {
+            eprintln!("cojob wrap: the lease was lost before the tick; not starting the workload");
+            return Ok(EXIT_FENCED);
+        }
+    }
     // The sidecar attached (its start gate opened) just before this process started, so a
     // missing `renewed` file counts from now.
     let started_ms = boot_clock_ms();

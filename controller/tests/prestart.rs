@@ -33,29 +33,32 @@ fn tick_run(name: &str, tick: DateTime<Utc>) -> String {
     cojob_controller::layout::run_id(name, Some(tick))
 }
 
-/// The env value `name` of the pod's first container that sets it.
-fn pod_env(pod: &k8s_openapi::api::core::v1::Pod, name: &str) -> Option<String> {
-    let spec = pod.spec.as_ref()?;
-    spec.init_containers
-        .iter()
-        .flatten()
-        .chain(&spec.containers)
-        .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == name)
-        .and_then(|e| e.value.clone())
-}
-
-/// The sidecar's postStart command.
-fn start_gate(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<String> {
-    pod.spec
+/// The sidecar's env value `name`, and its postStart command (the start gate, which runs with
+/// the sidecar's environment).
+fn sidecar_gate(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    name: &str,
+) -> (Option<String>, Vec<String>) {
+    let sidecar = pod
+        .spec
         .as_ref()
         .and_then(|s| s.init_containers.as_ref())
         .and_then(|i| i.first())
-        .and_then(|c| c.lifecycle.as_ref())
+        .expect("the sidecar");
+    let value = sidecar
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone());
+    let gate = sidecar
+        .lifecycle
+        .as_ref()
         .and_then(|l| l.post_start.as_ref())
         .and_then(|h| h.exec.as_ref())
         .and_then(|e| e.command.clone())
-        .expect("the sidecar's postStart command")
+        .expect("the sidecar's postStart command");
+    (value, gate)
 }
 
 /// A daily job with a 20 s prestart, 50 s before its tick: its passes ask to come back 20 s
@@ -93,15 +96,13 @@ async fn a_tick_is_decided_ahead_and_its_pod_waits_for_it() {
     let pods = h.job_pods("ahead").await;
     assert_eq!(pods.len(), 1);
     let fire = cojob::json::format_time(tick);
+    // The start gate waits for the sidecar's COJOB_FIRE_TIME: the tick.
+    let (fire_env, gate) = sidecar_gate(&pods[0], "COJOB_FIRE_TIME");
+    assert_eq!(fire_env.as_deref(), Some(fire.as_str()));
     assert_eq!(
-        pod_env(&pods[0], "COJOB_FIRE_TIME").as_deref(),
-        Some(fire.as_str())
-    );
-    let gate = start_gate(&pods[0]);
-    assert_eq!(
-        gate[gate.len() - 2..],
-        ["--not-before".to_string(), fire.clone()],
-        "the workload waits for its tick: {gate:?}"
+        gate[1..3],
+        ["ready".to_string(), "--wait".to_string()],
+        "{gate:?}"
     );
     let status = h.job("ahead").await.status.expect("a status");
     assert_eq!(

@@ -131,3 +131,50 @@ fn sigterm_reaches_the_workload() {
         .unwrap();
     assert_eq!(wait(&mut child, Duration::from_secs(10)).0, 5);
 }
+
+/// `cojob wrap` with the run's tick in `COJOB_FIRE_TIME`, the workload recording when it
+/// started (nanoseconds, by the same clock).
+fn wrap_at(dir: &Path, tick: chrono::DateTime<chrono::Utc>) -> Child {
+    let script = format!("date +%s%N > {}/started", dir.display());
+    Command::new(env!("CARGO_BIN_EXE_cojob"))
+        .args(["wrap", "--ttl-seconds", "30", "--shared-dir"])
+        .arg(dir)
+        .args(["--", "sh", "-c", &script])
+        .env("COJOB_FIRE_TIME", cojob::json::format_time(tick))
+        .spawn()
+        .expect("start cojob wrap")
+}
+
+/// A run prepared ahead of its tick: the wrapper starts the workload at the tick, not before,
+/// even if the sidecar's start gate let the container start early (a kubelet restarted while
+/// the gate waited).
+#[test]
+fn the_workload_starts_at_its_tick() {
+    let dir = tempfile::tempdir().unwrap();
+    let tick = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
+    let mut child = wrap_at(dir.path(), tick);
+    assert_eq!(wait(&mut child, Duration::from_secs(10)).0, 0);
+    let started: i64 = std::fs::read_to_string(dir.path().join("started"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let tick_ns = tick.timestamp_nanos_opt().unwrap();
+    assert!(
+        started >= tick_ns,
+        "started {} ms before the tick",
+        (tick_ns - started) / 1_000_000
+    );
+}
+
+/// A lease lost while the workload waits for its tick: the workload never starts.
+#[test]
+fn a_lease_lost_before_the_tick_never_starts_the_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    let tick = chrono::Utc::now() + chrono::Duration::milliseconds(1500);
+    let mut child = wrap_at(dir.path(), tick);
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(dir.path().join("lease_lost"), "epoch advanced\n").unwrap();
+    assert_eq!(wait(&mut child, Duration::from_secs(10)).0, EXIT_FENCED);
+    assert!(!dir.path().join("started").exists(), "the workload ran");
+}

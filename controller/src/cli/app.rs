@@ -108,6 +108,7 @@ enum Command {
         wait: Option<std::time::Duration>,
         /// With `--wait`: also wait until this time (RFC 3339) by this node's clock, the run's
         /// tick, so a run decided ahead of it (`prestartSeconds`) starts its workload on time.
+        /// Default: the container's `COJOB_FIRE_TIME`, when it is a time.
         #[arg(long, requires = "wait")]
         not_before: Option<chrono::DateTime<chrono::Utc>>,
     },
@@ -214,7 +215,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             not_before,
         } => {
             let ready = match wait {
-                Some(timeout) => crate::sidecar::wait_ready(&shared_dir, timeout, not_before),
+                Some(timeout) => crate::sidecar::wait_ready(
+                    &shared_dir,
+                    timeout,
+                    not_before.or_else(crate::sidecar::fire_time_from_env),
+                ),
                 None => crate::sidecar::ready(&shared_dir),
             };
             if ready {

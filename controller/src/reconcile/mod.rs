@@ -568,11 +568,13 @@ async fn sync(
         })
         .await?;
         if edited {
+            // After a run decided ahead of its tick (`prestartSeconds`), from that tick on.
+            let from = index_of(&known).cursor_time().map_or(now, |c| c.max(now));
             said.normal(
                 "ScheduleChanged",
                 format!(
                     "schedule is now {expr:?}; it applies to ticks after {}",
-                    cojob::json::format_time(now)
+                    cojob::json::format_time(from)
                 ),
             );
         }
@@ -786,8 +788,15 @@ async fn replace_older_runs(
     pods: &BTreeMap<String, RunPods>,
     said: &mut Announcements,
 ) -> Result<(), Error> {
-    // A backfill's runs are paced by its own parallelism, not replaced.
-    let scheduled = || index.active.iter().filter(|r| r.backfill.is_none());
+    // A backfill's runs are paced by its own parallelism, not replaced; a run decided ahead
+    // of its tick (`prestartSeconds`) replaces the others only once its tick has come.
+    let now = scope.cx.db.clock().now();
+    let scheduled = || {
+        index
+            .active
+            .iter()
+            .filter(move |r| r.backfill.is_none() && !waits_for_its_tick(r, now))
+    };
     let Some(newest) = scheduled().max_by(|a, b| a.fire_time.cmp(&b.fire_time)) else {
         return Ok(());
     };

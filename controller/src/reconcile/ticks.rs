@@ -71,11 +71,13 @@ pub(super) async fn decide_ticks(
         .filter(|n| now >= *n - spec.prestart() && !busy && plan.run.is_empty() && !spec.suspend);
     if let Some(t) = ahead {
         proposals.push((t, Decision::RunId(run_id(&scope.name, Some(t)))));
-        next = schedule.next_after(t);
     }
     proposals.sort_by_key(|(t, _)| *t);
     if !proposals.is_empty() && !still_current(scope).await? {
-        return Ok((Vec::new(), plan.next, None));
+        return Ok((Vec::new(), next, None));
+    }
+    if let Some(t) = ahead {
+        next = schedule.next_after(t);
     }
     let mut out = Vec::with_capacity(proposals.len());
     for (t, proposal) in proposals {

@@ -75,6 +75,12 @@ pub fn ready(shared_dir: &Path) -> bool {
     }
 }
 
+/// The run's tick from `COJOB_FIRE_TIME` in this process's environment (the pod builder sets
+/// it on every container of a run), if it is a time: empty for a run without a schedule.
+pub fn fire_time_from_env() -> Option<chrono::DateTime<chrono::Utc>> {
+    std::env::var("COJOB_FIRE_TIME").ok()?.parse().ok()
+}
+
 /// `cojob ready --wait [--not-before <time>]`: polls [`ready`] every 20 ms until it holds and
 /// `not_before` has come by this node's clock (true), or the sidecar has not attached within
 /// `timeout` (false). The sidecar's postStart hook: the kubelet starts the workload's containers

@@ -234,7 +234,11 @@ pub async fn spawn(
         &scope.name,
         &identity,
         &cfg,
-        scope.job.spec.active_deadline_seconds,
+        deadline_from_creation(
+            scope.job.spec.active_deadline_seconds,
+            run.fire_time.as_deref(),
+            scope.cx.db.clock().now(),
+        ),
     );
     let name = identity.pod_name();
     let created = match scope.pods.create(&PostParams::default(), &pod).await {
@@ -255,4 +259,38 @@ pub async fn spawn(
     }
     holder::hand_to(scope, &run.run_id, epoch, &created).await?;
     Ok(Some(name))
+}
+
+/// The pod's `activeDeadlineSeconds`: the kubelet counts it from the pod's start, so a pod
+/// created ahead of its tick (`prestartSeconds`) gets the seconds it waits for the tick on
+/// top, and its workload keeps the whole deadline.
+fn deadline_from_creation(
+    deadline: Option<i64>,
+    fire_time: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<i64> {
+    let ahead = fire_time
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map_or(0, |t| {
+            (t.with_timezone(&chrono::Utc) - now).num_seconds().max(0)
+        });
+    deadline.map(|d| d.saturating_add(ahead))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_created_ahead_of_its_tick_keeps_its_whole_deadline() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-05T09:59:30Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let tick = Some("2026-12-05T10:00:00.000000Z");
+        assert_eq!(deadline_from_creation(Some(120), tick, now), Some(150));
+        let past = Some("2026-12-05T09:00:00.000000Z");
+        assert_eq!(deadline_from_creation(Some(120), past, now), Some(120));
+        assert_eq!(deadline_from_creation(Some(120), None, now), Some(120));
+        assert_eq!(deadline_from_creation(None, tick, now), None);
+    }
 }
