@@ -195,3 +195,46 @@ async fn a_suspension_cancels_a_run_decided_ahead_of_its_tick() {
     assert_eq!((s.counters.cancelled, s.counters.active), (1, 0));
     h.cleanup().await;
 }
+
+/// Under `Replace`, a manual run asked for while a run waits for its tick keeps running until
+/// that tick; from the tick on, the tick's run replaces it.
+#[tokio::test]
+async fn a_run_waiting_for_its_tick_replaces_others_only_from_its_tick() {
+    let h = Harness::new("it-prestart-replace").await;
+    let (tick, schedule) = daily_at_second(&h, 45); // 15 s before the tick: within the prestart
+    h.create_job(
+        "rep",
+        json!({"schedule": schedule, "prestartSeconds": 20, "concurrencyPolicy": "Replace"}),
+    )
+    .await;
+    h.settle("rep", 1).await;
+    let ahead = tick_run("rep", tick);
+    assert_eq!(h.live_pod_names("rep").await, vec![format!("{ahead}-1")]);
+    h.advance(Duration::from_secs(2));
+    h.trigger("rep", "now").await;
+    h.settle("rep", 2).await;
+    let manual = cojob_controller::layout::trigger_run_id("rep", "now");
+    let mut live = h.live_pod_names("rep").await;
+    live.sort();
+    let mut both = vec![format!("{ahead}-1"), format!("{manual}-1")];
+    both.sort();
+    assert_eq!(live, both, "the manual run is not replaced before the tick");
+    let lease = h
+        .lease("rep", &manual)
+        .await
+        .expect("the manual run's lease");
+    assert!(!state(&lease).status.is_terminal(), "{}", lease.state);
+    h.advance(Duration::from_secs(14)); // past the tick
+    h.settle("rep", 2).await;
+    let lease = h
+        .lease("rep", &manual)
+        .await
+        .expect("the manual run's lease");
+    assert_eq!(
+        state(&lease).status.as_str(),
+        "cancelled",
+        "replaced at the tick"
+    );
+    assert_eq!(h.live_pod_names("rep").await, vec![format!("{ahead}-1")]);
+    h.cleanup().await;
+}
