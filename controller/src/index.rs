@@ -48,6 +48,13 @@ pub struct ActiveRun {
 }
 
 impl ActiveRun {
+    /// Its fire time as a time (`None` without one, or if it does not parse).
+    pub fn fire_at(&self) -> Option<DateTime<Utc>> {
+        self.fire_time
+            .as_deref()
+            .and_then(|t| cojob::json::parse_time(t).ok())
+    }
+
     /// What the run serves, as status and `cojob runs` show it: the tick, `once`, or
     /// `trigger/<key>`.
     pub fn tick_label(&self) -> String {

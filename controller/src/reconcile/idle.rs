@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::{IDLE_RESYNC, PAST_THE_TICK, pending};
+use super::{IDLE_RESYNC, PAST_THE_TICK, next_tick_due, pending};
 use crate::context::JobScope;
 
 /// How recently the bucket must have answered the controller for an idle pass to leave it
@@ -59,10 +59,8 @@ pub(super) fn idle_wait(scope: &JobScope<'_>, now: DateTime<Utc>) -> Option<Dura
     {
         return None;
     }
-    // Due `prestartSeconds` before the tick.
-    let ahead = job.spec.prestart().num_microseconds().unwrap_or(0);
-    let to_tick = status.next_schedule_time.as_ref().map(|t| {
-        let micros = t.0.as_microsecond() - ahead - now.timestamp_micros();
+    let to_tick = next_tick_due(status, &job.spec).map(|due| {
+        let micros = due - now.timestamp_micros();
         Duration::from_micros(u64::try_from(micros).unwrap_or(0)) + PAST_THE_TICK
     });
     Some(

@@ -707,19 +707,24 @@ fn pending(job: &CoordinatedJob, now: DateTime<Utc>) -> bool {
         return true;
     };
     // A job without a schedule has its one run decided by the pass that wrote its status.
-    // A tick is due from `prestartSeconds` before it.
-    let ahead = job.spec.prestart().num_microseconds().unwrap_or(0);
     let tick_due = job.spec.schedule.is_some()
-        && status
-            .next_schedule_time
-            .as_ref()
-            .is_none_or(|t| t.0.as_microsecond() - ahead <= now.timestamp_micros());
+        && next_tick_due(status, &job.spec).is_none_or(|t| t <= now.timestamp_micros());
     let asked = job.annotations().keys().any(|k| {
         k.starts_with(crate::crd::TRIGGER_ANNOTATION_PREFIX)
             || k.starts_with(crate::crd::CANCEL_ANNOTATION_PREFIX)
             || k.starts_with(crate::crd::BACKFILL_ANNOTATION_PREFIX)
     });
     tick_due || asked || status.observed_generation != job.metadata.generation
+}
+
+/// When the next tick the status shows is due, in microseconds since the epoch:
+/// `prestartSeconds` before it. `None` when the status shows none.
+fn next_tick_due(status: &CoordinatedJobStatus, spec: &CoordinatedJobSpec) -> Option<i64> {
+    let ahead = spec.prestart().num_microseconds().unwrap_or(0);
+    status
+        .next_schedule_time
+        .as_ref()
+        .map(|t| t.0.as_microsecond() - ahead)
 }
 
 /// The runs to sweep under `plan`, and the status the others keep (as the job's status last
@@ -800,26 +805,20 @@ async fn replace_older_runs(
     let Some(newest) = scheduled().max_by(|a, b| a.fire_time.cmp(&b.fire_time)) else {
         return Ok(());
     };
-    let empty = RunPods::new();
-    for old in scheduled().filter(|r| r.run_id != newest.run_id) {
-        let outcome =
-            sweeper::cancel_run(scope, old, pods.get(&old.run_id).unwrap_or(&empty)).await?;
-        // Announced once, by the controller whose call cancelled it.
-        if outcome == sweeper::Cancel::Done {
-            said.normal(
-                "RunReplaced",
-                format!(
-                    "run {} cancelled: run {} replaces it",
-                    old.run_id, newest.run_id
-                ),
-            );
-        }
-    }
-    Ok(())
+    let replaced = scheduled().filter(|r| r.run_id != newest.run_id);
+    cancel_each(scope, replaced, pods, said, |old| {
+        (
+            "RunReplaced",
+            format!(
+                "run {} cancelled: run {} replaces it",
+                old.run_id, newest.run_id
+            ),
+        )
+    })
+    .await
 }
 
-/// Cancels the active runs decided ahead of a tick still to come ([`waits_for_its_tick`]),
-/// announcing each once, from the controller whose call cancelled it.
+/// Cancels the active runs decided ahead of a tick still to come ([`waits_for_its_tick`]).
 async fn cancel_ahead_of_tick(
     scope: &JobScope<'_>,
     index: &JobIndex,
@@ -827,19 +826,36 @@ async fn cancel_ahead_of_tick(
     now: DateTime<Utc>,
     said: &mut Announcements,
 ) -> Result<(), Error> {
+    let waiting = index.active.iter().filter(|r| waits_for_its_tick(r, now));
+    cancel_each(scope, waiting, pods, said, |run| {
+        (
+            "RunCancelled",
+            format!(
+                "run {} cancelled before its tick {}: the job is suspended",
+                run.run_id,
+                run.tick_label()
+            ),
+        )
+    })
+    .await
+}
+
+/// Cancels each of `runs` ([`sweeper::cancel_run`]); the Event `announce` gives (reason,
+/// message) is announced once, by the controller whose call cancelled the run.
+async fn cancel_each<'a>(
+    scope: &JobScope<'_>,
+    runs: impl Iterator<Item = &'a ActiveRun>,
+    pods: &BTreeMap<String, RunPods>,
+    said: &mut Announcements,
+    announce: impl Fn(&ActiveRun) -> (&'static str, String),
+) -> Result<(), Error> {
     let empty = RunPods::new();
-    for run in index.active.iter().filter(|r| waits_for_its_tick(r, now)) {
+    for run in runs {
         let outcome =
             sweeper::cancel_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty)).await?;
         if outcome == sweeper::Cancel::Done {
-            said.normal(
-                "RunCancelled",
-                format!(
-                    "run {} cancelled before its tick {}: the job is suspended",
-                    run.run_id,
-                    run.tick_label()
-                ),
-            );
+            let (reason, message) = announce(run);
+            said.normal(reason, message);
         }
     }
     Ok(())

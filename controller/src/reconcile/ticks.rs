@@ -109,13 +109,7 @@ pub(super) fn due_at(
 /// True while a run decided ahead waits for its tick: its fire time is still to come. A
 /// suspension cancels such a run, as it skips the ticks that fall due.
 pub(super) fn waits_for_its_tick(run: &ActiveRun, now: DateTime<Utc>) -> bool {
-    run.trigger.is_none()
-        && run.backfill.is_none()
-        && run
-            .fire_time
-            .as_deref()
-            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-            .is_some_and(|t| t > now)
+    run.trigger.is_none() && run.backfill.is_none() && run.fire_at().is_some_and(|t| t > now)
 }
 
 /// Where the schedule's own ticks begin: after the index's cursor, or the one mirrored in the

@@ -153,10 +153,7 @@ pub async fn dispatch(
         };
         if reason == "RunDispatched"
             && pod.is_some()
-            && let Some(fired) = run
-                .fire_time
-                .as_deref()
-                .and_then(|t| cojob::json::parse_time(t).ok())
+            && let Some(fired) = run.fire_at()
         {
             let lag = (scope.cx.db.clock().now() - fired)
                 .to_std()
@@ -236,7 +233,7 @@ pub async fn spawn(
         &cfg,
         deadline_from_creation(
             scope.job.spec.active_deadline_seconds,
-            run.fire_time.as_deref(),
+            run.fire_at(),
             scope.cx.db.clock().now(),
         ),
     );
@@ -266,14 +263,10 @@ pub async fn spawn(
 /// top, and its workload keeps the whole deadline.
 fn deadline_from_creation(
     deadline: Option<i64>,
-    fire_time: Option<&str>,
+    fire_at: Option<chrono::DateTime<chrono::Utc>>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Option<i64> {
-    let ahead = fire_time
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .map_or(0, |t| {
-            (t.with_timezone(&chrono::Utc) - now).num_seconds().max(0)
-        });
+    let ahead = fire_at.map_or(0, |t| (t - now).num_seconds().max(0));
     deadline.map(|d| d.saturating_add(ahead))
 }
 
@@ -283,12 +276,11 @@ mod tests {
 
     #[test]
     fn a_pod_created_ahead_of_its_tick_keeps_its_whole_deadline() {
-        let now = chrono::DateTime::parse_from_rfc3339("2026-12-05T09:59:30Z")
-            .unwrap()
-            .with_timezone(&chrono::Utc);
-        let tick = Some("2026-12-05T10:00:00.000000Z");
+        let at = |t: &str| cojob::json::parse_time(t).unwrap();
+        let now = at("2026-12-05T09:59:30Z");
+        let tick = Some(at("2026-12-05T10:00:00.000000Z"));
         assert_eq!(deadline_from_creation(Some(120), tick, now), Some(150));
-        let past = Some("2026-12-05T09:00:00.000000Z");
+        let past = Some(at("2026-12-05T09:00:00.000000Z"));
         assert_eq!(deadline_from_creation(Some(120), past, now), Some(120));
         assert_eq!(deadline_from_creation(Some(120), None, now), Some(120));
         assert_eq!(deadline_from_creation(None, tick, now), None);
