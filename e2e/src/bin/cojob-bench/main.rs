@@ -278,6 +278,19 @@ struct Figures {
     unspawned: usize,
     /// Runs that took more than one attempt's lease (cojob: epoch above 1; CronJob: 0).
     respawned: usize,
+    /// The dispatch lag of each tick of the window, in order (empty in reports from before
+    /// it was kept): whether a tail comes from one tick (the first, say) or from all.
+    #[serde(default)]
+    by_tick: Vec<TickLag>,
+}
+
+/// One tick's dispatch lag: its objects' first pods created minus the tick.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct TickLag {
+    tick: DateTime<Utc>,
+    dispatch: Stats,
+    /// Objects whose first pod for this tick was created after it (lag above 0 s).
+    late: usize,
 }
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
@@ -358,14 +371,28 @@ fn figures(
             (a, b) => a.or(b),
         };
     }
+    let lags: Vec<(DateTime<Utc>, f64)> = first
+        .iter()
+        .map(|((_, tick), (created, _))| (*tick, secs(*created, *tick)))
+        .collect();
+    let by_tick = ticks
+        .iter()
+        .map(|&tick| {
+            let of: Vec<f64> = lags
+                .iter()
+                .filter(|(t, _)| *t == tick)
+                .map(|&(_, lag)| lag)
+                .collect();
+            TickLag {
+                tick,
+                late: of.iter().filter(|&&lag| lag > 0.0).count(),
+                dispatch: stats(of),
+            }
+        })
+        .collect();
     Figures {
         pods: in_window.len(),
-        dispatch: stats(
-            first
-                .iter()
-                .map(|((_, tick), (created, _))| secs(*created, *tick))
-                .collect(),
-        ),
+        dispatch: stats(lags.iter().map(|&(_, lag)| lag).collect()),
         start: stats(
             first
                 .iter()
@@ -376,6 +403,7 @@ fn figures(
         misses,
         unspawned: unspawned.len(),
         respawned,
+        by_tick,
     }
 }
 
@@ -904,8 +932,10 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         "bench: N = {n}: created in {} s",
         (created_all - now).num_seconds()
     );
-    // At least 5 s after the last object exists, so that every object sees the first tick.
-    let first = next_tick(created_all.max(now) + chrono::Duration::seconds(5), every);
+    // At least 5 s after the last object exists, so that every object sees the first tick,
+    // and `--prestart` seconds more, so that its run can be prepared ahead like the others'.
+    let room = chrono::Duration::seconds(5) + chrono::Duration::seconds(o.prestart as i64); // at most 600
+    let first = next_tick(created_all.max(now) + room, every);
     let ticks: Vec<DateTime<Utc>> = (0..ticks_n)
         .map(|k| first + chrono::Duration::minutes(i64::from(k * every)))
         .collect();
@@ -1198,10 +1228,7 @@ fn tables(results: &[SizeResult]) -> String {
             Nodes::Real => "real",
             Nodes::Kwok => "kwok (simulated)",
         };
-        let cojob = match r.prestart_seconds {
-            0 => "cojob".to_string(),
-            s => format!("cojob, prestart {s} s"),
-        };
+        let cojob = cojob_label(r);
         for (kind, f) in [("CronJob", &r.cronjob), (cojob.as_str(), &r.cojob)] {
             t.push_str(&format!(
                 "| {} | {nodes} | {} ({} min) | {kind} | {} | {} / {} / {} | {} / {} / {} | {} | {} | {} | {} |\n",
@@ -1244,11 +1271,57 @@ fn tables(results: &[SizeResult]) -> String {
             r.machine_busy * 100.0
         ));
     }
+    t.push_str(&by_tick_table(results));
     for r in results.iter().filter(|r| r.controller_restarted) {
         t.push_str(&format!(
             "\nN = {} ({:?} nodes): the cojob controller restarted during the window, so its CPU, bucket requests and tick pickup are not known (NaN); its memory is the restarted process's.\n",
             r.n, r.nodes
         ));
+    }
+    t
+}
+
+/// How the tables name cojob's rows: with the prestart, if any.
+fn cojob_label(r: &SizeResult) -> String {
+    match r.prestart_seconds {
+        0 => "cojob".to_string(),
+        s => format!("cojob, prestart {s} s"),
+    }
+}
+
+/// Each tick's dispatch lag, one row per size and kind (empty if no result kept them).
+fn by_tick_table(results: &[SizeResult]) -> String {
+    let kept: Vec<&SizeResult> = results
+        .iter()
+        .filter(|r| !r.cojob.by_tick.is_empty())
+        .collect();
+    let columns = kept.iter().map(|r| r.ticks as usize).max().unwrap_or(0);
+    if columns == 0 {
+        return String::new();
+    }
+    let mut t = String::from(
+        "\nDispatch lag by tick, p50 / p99 / max (s), and how many objects' pods came after \
+         their tick:\n\n| N | nodes | kind |",
+    );
+    for k in 1..=columns {
+        t.push_str(&format!(" tick {k} |"));
+    }
+    t.push_str(&format!("\n|---|---|---|{}\n", "---|".repeat(columns)));
+    for r in kept {
+        let cojob = cojob_label(r);
+        for (kind, f) in [("CronJob", &r.cronjob), (cojob.as_str(), &r.cojob)] {
+            t.push_str(&format!("| {} | {:?} | {kind} |", r.n, r.nodes));
+            for k in 0..columns {
+                match f.by_tick.get(k) {
+                    Some(l) => t.push_str(&format!(
+                        " {} / {} / {} ({} late) |",
+                        l.dispatch.p50, l.dispatch.p99, l.dispatch.max, l.late
+                    )),
+                    None => t.push_str(" |"),
+                }
+            }
+            t.push('\n');
+        }
     }
     t
 }
@@ -1546,6 +1619,14 @@ mod tests {
         // b's duplicate (created 3 s after the tick) is not its tick's lag: its first pod's is.
         assert_eq!(f.dispatch.max, 2.0);
         assert!(f.start.p50.is_nan(), "no pod started");
+        // By tick: the first tick's lags are a's 2 s and b's 0 s (c has no pod); the second's
+        // a's 1 s alone.
+        let by: Vec<(DateTime<Utc>, f64, usize)> = f
+            .by_tick
+            .iter()
+            .map(|l| (l.tick, l.dispatch.max, l.late))
+            .collect();
+        assert_eq!(by, [(ticks[0], 2.0, 1), (ticks[1], 1.0, 1)]);
     }
 
     #[test]
@@ -1598,5 +1679,27 @@ mod tests {
         );
         assert!(results[1].cojob.dispatch.p99.is_nan() && results[1].machine_busy.is_nan());
         assert!(tables(&results).starts_with("Measured at: N = 10 (Real): now; N = 1000 (Kwok)"));
+        assert!(
+            !tables(&results).contains("by tick"),
+            "reports from before the lags by tick have no such table"
+        );
+        // A size that kept them has a row per kind, a column per tick.
+        let lag = |p99: f64, late: usize| {
+            json!({"tick": "2026-12-05T09:25:00Z", "dispatch": {"p50": -78.0, "p99": p99,
+                "max": p99}, "late": late})
+        };
+        let mut with = size(1000, "kwok");
+        with["prestart_seconds"] = json!(120);
+        with["cojob"]["by_tick"] = json!([lag(8.0, 12), lag(0.0, 0), lag(-1.0, 0)]);
+        with["cronjob"]["by_tick"] = json!([lag(38.0, 990), lag(30.0, 980), lag(31.0, 985)]);
+        let with: SizeResult = serde_json::from_value(with).unwrap();
+        let table = by_tick_table(&[with]);
+        assert!(
+            table.contains(
+                "| 1000 | Kwok | cojob, prestart 120 s | -78 / 8 / 8 (12 late) | -78 / 0 / 0 (0 late) | -78 / -1 / -1 (0 late) |"
+            ),
+            "{table}"
+        );
+        assert!(table.contains("| tick 1 | tick 2 | tick 3 |"), "{table}");
     }
 }
