@@ -52,8 +52,8 @@ pub const HOLDER_KEY: &str = "holder";
 /// Where the cojob image keeps its binary (the sidecar's start gate runs it).
 pub const SIDECAR_BINARY: &str = "/cojob";
 /// How long the sidecar's start gate (its postStart hook, `cojob ready --wait`) waits for the
-/// attach before it fails, and the kubelet restarts the sidecar.
-pub const START_GATE_TIMEOUT: &str = "120s";
+/// attach before it fails, and the kubelet restarts the sidecar; the tick's wait comes on top.
+pub const START_GATE_TIMEOUT_SECONDS: u64 = 120;
 
 /// Everything that identifies one attempt of a run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,7 +188,7 @@ fn start_gate() -> Vec<String> {
         SIDECAR_BINARY.into(),
         "ready".into(),
         "--wait".into(),
-        START_GATE_TIMEOUT.into(),
+        format!("{START_GATE_TIMEOUT_SECONDS}s"),
     ]
 }
 
@@ -582,7 +582,7 @@ mod tests {
                 "/cojob".to_string(),
                 "ready".to_string(),
                 "--wait".to_string(),
-                START_GATE_TIMEOUT.to_string(),
+                "120s".to_string(),
             ]),
             "the workload waits until the sidecar holds the lease"
         );

@@ -141,7 +141,9 @@ pub fn until_tick(
     tick: Option<chrono::DateTime<chrono::Utc>>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> Option<Duration> {
-    let longest = Duration::from_secs(crate::crd::MAX_PRESTART_SECONDS.unsigned_abs() + 120);
+    let longest = Duration::from_secs(
+        crate::crd::MAX_PRESTART_SECONDS.unsigned_abs() + crate::pod::START_GATE_TIMEOUT_SECONDS,
+    );
     let wait = (tick? - now).to_std().ok().filter(|d| !d.is_zero())?;
     Some(wait.min(longest))
 }
