@@ -932,16 +932,18 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         "bench: N = {n}: created in {} s",
         (created_all - now).num_seconds()
     );
-    // At least 5 s after the last object exists, so that every object sees the first tick,
-    // and `--prestart` seconds more, so that its run can be prepared ahead like the others'.
-    let room = chrono::Duration::seconds(5) + chrono::Duration::seconds(o.prestart as i64); // at most 600
+    // At least 5 s after the last object exists, so that every object sees the first tick.
+    // With `--prestart`, the first tick's runs are prepared that long before it like the
+    // others', and the costs below are counted from 50 s before that: so that much more.
+    let ahead = chrono::Duration::seconds(o.prestart as i64); // at most 600
+    let room = chrono::Duration::seconds(if o.prestart > 0 { 55 } else { 5 }) + ahead;
     let first = next_tick(created_all.max(now) + room, every);
     let ticks: Vec<DateTime<Utc>> = (0..ticks_n)
         .map(|k| first + chrono::Duration::minutes(i64::from(k * every)))
         .collect();
-    // The costs are counted from the minute before the first tick (the previous tick's work,
-    // if any, is done by then) until 40 s after the last.
-    let counting = (first - chrono::Duration::seconds(50) - Utc::now())
+    // The costs are counted from 50 s before the first tick's work (the previous tick's, if
+    // any, is done by then: the tick, or its prestart) until 40 s after the last tick.
+    let counting = (first - chrono::Duration::seconds(50) - ahead - Utc::now())
         .to_std()
         .unwrap_or_default();
     tokio::time::sleep(counting).await;
