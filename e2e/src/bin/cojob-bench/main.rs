@@ -932,18 +932,20 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         "bench: N = {n}: created in {} s",
         (created_all - now).num_seconds()
     );
-    // At least 5 s after the last object exists, so that every object sees the first tick.
-    // With `--prestart`, the first tick's runs are prepared that long before it like the
-    // others', and the costs below are counted from 50 s before that: so that much more.
+    // The costs are counted from `lead` before the first tick's work: the tick, or with
+    // `--prestart` the moment its runs are prepared, that long before it like the others'.
+    let lead = chrono::Duration::seconds(50);
     let ahead = chrono::Duration::seconds(o.prestart as i64); // at most 600
-    let room = chrono::Duration::seconds(if o.prestart > 0 { 55 } else { 5 }) + ahead;
+    // At least 5 s after the last object exists, so that every object sees the first tick;
+    // with a prestart, its whole prestart and `lead` too, so that the count misses none of it.
+    let room = chrono::Duration::seconds(5) + if o.prestart > 0 { lead + ahead } else { ahead };
     let first = next_tick(created_all.max(now) + room, every);
     let ticks: Vec<DateTime<Utc>> = (0..ticks_n)
         .map(|k| first + chrono::Duration::minutes(i64::from(k * every)))
         .collect();
-    // The costs are counted from 50 s before the first tick's work (the previous tick's, if
-    // any, is done by then: the tick, or its prestart) until 40 s after the last tick.
-    let counting = (first - chrono::Duration::seconds(50) - ahead - Utc::now())
+    // Counted until 40 s after the last tick (the previous tick's work, if any, is done
+    // `lead` before the first's).
+    let counting = (first - lead - ahead - Utc::now())
         .to_std()
         .unwrap_or_default();
     tokio::time::sleep(counting).await;
@@ -1226,10 +1228,7 @@ fn tables(results: &[SizeResult]) -> String {
          |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
-        let nodes = match r.nodes {
-            Nodes::Real => "real",
-            Nodes::Kwok => "kwok (simulated)",
-        };
+        let nodes = nodes_label(r.nodes);
         let cojob = cojob_label(r);
         for (kind, f) in [("CronJob", &r.cronjob), (cojob.as_str(), &r.cojob)] {
             t.push_str(&format!(
@@ -1283,6 +1282,14 @@ fn tables(results: &[SizeResult]) -> String {
     t
 }
 
+/// How the tables name the nodes of a size.
+fn nodes_label(nodes: Nodes) -> &'static str {
+    match nodes {
+        Nodes::Real => "real",
+        Nodes::Kwok => "kwok (simulated)",
+    }
+}
+
 /// How the tables name cojob's rows: with the prestart, if any.
 fn cojob_label(r: &SizeResult) -> String {
     match r.prestart_seconds {
@@ -1312,7 +1319,7 @@ fn by_tick_table(results: &[SizeResult]) -> String {
     for r in kept {
         let cojob = cojob_label(r);
         for (kind, f) in [("CronJob", &r.cronjob), (cojob.as_str(), &r.cojob)] {
-            t.push_str(&format!("| {} | {:?} | {kind} |", r.n, r.nodes));
+            t.push_str(&format!("| {} | {} | {kind} |", r.n, nodes_label(r.nodes)));
             for k in 0..columns {
                 match f.by_tick.get(k) {
                     Some(l) => t.push_str(&format!(
@@ -1698,7 +1705,7 @@ mod tests {
         let table = by_tick_table(&[with]);
         assert!(
             table.contains(
-                "| 1000 | Kwok | cojob, prestart 120 s | -78 / 8 / 8 (12 late) | -78 / 0 / 0 (0 late) | -78 / -1 / -1 (0 late) |"
+                "| 1000 | kwok (simulated) | cojob, prestart 120 s | -78 / 8 / 8 (12 late) | -78 / 0 / 0 (0 late) | -78 / -1 / -1 (0 late) |"
             ),
             "{table}"
         );
