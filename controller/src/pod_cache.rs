@@ -46,8 +46,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::{
-    Container, ContainerState, ContainerStateTerminated, ContainerStatus, EnvVar, Pod, PodSpec,
-    PodStatus,
+    Container, ContainerState, ContainerStateTerminated, ContainerStatus, EnvVar, Pod,
+    PodCondition, PodSpec, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
@@ -263,8 +263,9 @@ impl PodCache {
 ///   finalizers, deletion and creation times, resource version);
 /// - of its spec, the node it is bound to, its scheduling gates (the holder gate), and of the
 ///   sidecar container its name and `COJOB_HOLDER` variable (which holder Secret it reads);
-/// - of its status, the phase and reason, and of each container status its name, exit state
-///   and the fields the API requires.
+/// - of its status, the phase and reason, the `PodScheduled` condition's status, reason and
+///   time (from when its start timeout counts, [`crate::sweeper::pods::start_clock`]), and of
+///   each container status its name, exit state and the fields the API requires.
 ///
 /// The decisions that need the whole truth (is the current pod missing, can an older pod still
 /// run) read the API server, not the cache.
@@ -310,6 +311,21 @@ pub fn trim(pod: &Pod) -> Pod {
     let status = pod.status.as_ref().map(|s| PodStatus {
         phase: s.phase.clone(),
         reason: s.reason.clone(),
+        // Where the scheduler stands with it, for the start timeout: only its decision.
+        conditions: s.conditions.as_ref().and_then(|all| {
+            let kept: Vec<PodCondition> = all
+                .iter()
+                .filter(|c| c.type_ == crate::sweeper::pods::POD_SCHEDULED)
+                .map(|c| PodCondition {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    reason: c.reason.clone(),
+                    last_transition_time: c.last_transition_time.clone(),
+                    ..PodCondition::default()
+                })
+                .collect();
+            (!kept.is_empty()).then_some(kept)
+        }),
         container_statuses: s.container_statuses.as_ref().map(|all| {
             all.iter()
                 .map(|c| ContainerStatus {
@@ -483,7 +499,9 @@ mod tests {
             },
             "status": {
                 "phase": phase, "reason": "Evicted",
-                "conditions": [{"type": "Ready", "status": "False"}],
+                "conditions": [{"type": "Ready", "status": "False"},
+                    {"type": "PodScheduled", "status": "True", "lastProbeTime": null,
+                     "lastTransitionTime": "2026-12-03T18:00:02Z", "message": "bound"}],
                 "initContainerStatuses": [{"name": SIDECAR_NAME, "image": "cojob", "imageID": "x",
                     "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0}}}],
                 "containerStatuses": [{"name": "main", "image": "busybox", "imageID": "y",
@@ -526,7 +544,14 @@ mod tests {
                 assert_eq!(sidecar.env.as_ref().unwrap().len(), 1);
                 assert!(sidecar.image.is_none() && sidecar.restart_policy.is_none());
                 let status = kept.status.as_ref().unwrap();
-                assert!(status.conditions.is_none() && status.init_container_statuses.is_none());
+                assert!(status.init_container_statuses.is_none());
+                let conditions = status.conditions.as_ref().unwrap();
+                assert_eq!(conditions.len(), 1, "only PodScheduled");
+                assert!(conditions[0].message.is_none());
+                assert_eq!(
+                    crate::sweeper::pods::start_clock(&kept),
+                    crate::sweeper::pods::start_clock(&full)
+                );
             }
         }
         // The cache hands out the trimmed copy.

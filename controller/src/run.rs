@@ -472,6 +472,56 @@ pub struct Observed {
     /// The lease is held and the current epoch's pod does not exist (confirmed by a fresh
     /// read): it was never created (a crash, or it waited for an older pod), or it was removed.
     pub pod_missing: bool,
+    /// From when the current attempt's start timeout counts ([`StartClock`]).
+    pub start_clock: StartClock,
+}
+
+/// From when an attempt's start timeout (`startTimeoutSeconds`) counts, by where the
+/// scheduler stands with its pod.
+///
+/// The timeout is there for a pod that will not start (no node fits it, an image that never
+/// pulls, a sidecar that cannot reach the store), so that it cannot hold its run, and under
+/// `Forbid` every later tick, forever. A pod that merely waits in the scheduler's queue, behind
+/// thousands of others, is not such a pod: a new attempt would only go to the back of the same
+/// queue, and add to the load. So the clock starts at the scheduler's first decision about the
+/// pod (a node, or none that fits), and a pod it has not yet looked at is never late.
+///
+/// ```
+/// use chrono::{TimeZone, Utc};
+/// use cojob_controller::run::StartClock;
+/// let dispatched = Utc.timestamp_opt(1_000, 0).unwrap();
+/// let placed = Utc.timestamp_opt(1_700, 0).unwrap();
+/// assert_eq!(StartClock::FromDispatch.since(dispatched), Some(dispatched));
+/// assert_eq!(StartClock::Since(placed).since(dispatched), Some(placed));
+/// assert_eq!(StartClock::Queued.since(dispatched), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartClock {
+    /// From the attempt's dispatch: its pod is held by a scheduling gate (the controller's
+    /// own, until the holder Secret exists, or the template's), bound to a node with no time
+    /// recorded, or not seen.
+    #[default]
+    FromDispatch,
+    /// The pod waits for the scheduler's first look: no clock runs.
+    Queued,
+    /// The scheduler decided about the pod at this time (bound it, or found no node for it):
+    /// from then, or from the dispatch if that is later (a clock behind the controller's).
+    Since(chrono::DateTime<chrono::Utc>),
+}
+
+impl StartClock {
+    /// When the start timeout starts counting for an attempt dispatched at `dispatched`;
+    /// `None` while it does not.
+    pub fn since(
+        self,
+        dispatched: chrono::DateTime<chrono::Utc>,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        match self {
+            StartClock::FromDispatch => Some(dispatched),
+            StartClock::Queued => None,
+            StartClock::Since(decided) => Some(decided.max(dispatched)),
+        }
+    }
 }
 
 /// The timing rules of a run.
@@ -495,11 +545,12 @@ impl Timing {
             .is_some_and(|judged| lease.is_expired_at(judged))
     }
 
-    fn start_overdue(&self, state: &RunState) -> bool {
+    fn start_overdue(&self, state: &RunState, clock: StartClock) -> bool {
         let Some(since) = state
             .dispatched_at
             .as_deref()
             .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+            .and_then(|dispatched| clock.since(dispatched))
         else {
             return false;
         };
@@ -556,8 +607,11 @@ pub fn decide(
     match &seen.current {
         PodView::Ended(outcome) => Ok(Step::Complete(outcome.clone())),
         // Before expiry: a pod that never started in time fails its attempt, even if no
-        // controller kept its lease alive meanwhile.
-        PodView::Live if state.never_started() && timing.start_overdue(&state) => {
+        // controller kept its lease alive meanwhile. A pod still queued for the scheduler is
+        // not late ([`StartClock`]).
+        PodView::Live
+            if state.never_started() && timing.start_overdue(&state, seen.start_clock) =>
+        {
             Ok(Step::StartTimedOut)
         }
         // Its sidecar was stopped, which the kubelet does only once the workload's containers
@@ -602,7 +656,7 @@ pub fn decide(
 ///     state: json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "t"}),
 ///     version: Version { etag: Some("e".into()), generation: None },
 /// };
-/// let seen = Observed { current: PodView::Live, succeeded: None, predecessors_quiescent: true, pod_missing: false };
+/// let seen = Observed { current: PodView::Live, succeeded: None, predecessors_quiescent: true, pod_missing: false, start_clock: Default::default() };
 /// let timing = Timing { now, skew_allowance: std::time::Duration::from_secs(5), start_timeout: std::time::Duration::from_secs(600) };
 /// let ttl = std::time::Duration::from_secs(60);
 /// assert_eq!(quiet_until(&lease, &Step::Wait, &seen, &timing, ttl), Some(now + chrono::Duration::seconds(45)));
@@ -806,6 +860,7 @@ mod tests {
             succeeded: None,
             predecessors_quiescent: true,
             pod_missing: false,
+            start_clock: StartClock::FromDispatch,
         }
     }
 
@@ -1038,6 +1093,58 @@ mod tests {
         );
         assert_eq!(
             decide(Some(&started), &seen(PodView::Live), &t),
+            Ok(Step::Wait)
+        );
+    }
+
+    #[test]
+    fn the_start_timeout_counts_from_the_schedulers_decision() {
+        let t = timing();
+        let ago = |secs: i64| now() - Duration::seconds(secs);
+        let pending = lease(
+            json!({"status": "pending", "attempt": 1, "run_id": "r",
+                   "dispatched_at": cojob::json::format_time(ago(3_600))}),
+            Some("h"),
+            10,
+        );
+        let with = |start_clock| Observed {
+            start_clock,
+            ..seen(PodView::Live)
+        };
+        // An hour in the scheduler's queue is not late: it has not looked at the pod yet.
+        assert_eq!(
+            decide(Some(&pending), &with(StartClock::Queued), &t),
+            Ok(Step::Wait)
+        );
+        // Placed 599 s ago: still pulling its images, attaching; 600 s: late.
+        assert_eq!(
+            decide(Some(&pending), &with(StartClock::Since(ago(599))), &t),
+            Ok(Step::Wait)
+        );
+        assert_eq!(
+            decide(Some(&pending), &with(StartClock::Since(ago(600))), &t),
+            Ok(Step::StartTimedOut)
+        );
+        // Found no node an hour ago (the time is the condition's, from its creation): late,
+        // as from its dispatch.
+        assert_eq!(
+            decide(Some(&pending), &with(StartClock::Since(ago(3_700))), &t),
+            Ok(Step::StartTimedOut)
+        );
+        // Queued or not, a pod whose ended state arrived is recorded, and a lease whose
+        // attempt started is never timed out.
+        assert_eq!(
+            decide(Some(&pending), &with(StartClock::FromDispatch), &t),
+            Ok(Step::StartTimedOut)
+        );
+        let running = lease(
+            json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "x",
+                   "dispatched_at": cojob::json::format_time(ago(3_600))}),
+            Some("h"),
+            10,
+        );
+        assert_eq!(
+            decide(Some(&running), &with(StartClock::Since(ago(3_600))), &t),
             Ok(Step::Wait)
         );
     }

@@ -209,6 +209,9 @@ async fn a_pod_that_never_starts_fails_its_attempt_after_the_start_timeout() {
         1,
         "kept alive within the start timeout"
     );
+    // The start timeout counts from the scheduler's decision, here that no node fits: the
+    // condition's time is the pod's creation.
+    h.wait_unschedulable("stuck-once-1").await;
     h.advance(Duration::from_secs(6));
     h.settle("stuck", 2).await;
     let lease = h.lease("stuck", "stuck-once").await.unwrap();
@@ -223,6 +226,7 @@ async fn a_pod_that_never_starts_fails_its_attempt_after_the_start_timeout() {
     let reasons = h.event_reasons("stuck").await;
     assert!(reasons.iter().any(|r| r == "RunRetrying"), "{reasons:?}");
     // The retry does not start either: out of attempts.
+    h.wait_unschedulable("stuck-once-2").await;
     h.advance(Duration::from_secs(61));
     h.settle("stuck", 2).await;
     let st = state(&h.lease("stuck", "stuck-once").await.unwrap());
@@ -230,6 +234,93 @@ async fn a_pod_that_never_starts_fails_its_attempt_after_the_start_timeout() {
         (st.status.as_str(), st.reason.as_deref()),
         ("failed", Some("StartTimeout"))
     );
+    h.cleanup().await;
+}
+
+/// A pod the scheduler has not looked at yet (a backlog; here a scheduler name nobody serves)
+/// is not late to start, however long it waits: a new attempt would only queue behind it. The
+/// start timeout counts from the scheduler's decision, so once the pod is bound to a node it
+/// gets the whole timeout from the binding, and no more.
+#[tokio::test]
+async fn a_pod_queued_for_the_scheduler_is_timed_out_only_from_its_placement() {
+    let h = Harness::new("it-queued").await;
+    h.create_job(
+        "queued",
+        json!({"maxAttempts": 2, "startTimeoutSeconds": 60, "lease": {"ttlSeconds": 30},
+               "template": {"spec": {"schedulerName": "cojob-no-such-scheduler"}}}),
+    )
+    .await;
+    h.settle("queued", 2).await;
+    let pod = h.pods().get("queued-once-1").await.unwrap();
+    let spec = pod.spec.as_ref().unwrap();
+    assert!(
+        spec.scheduling_gates.as_ref().is_none_or(|g| g.is_empty()),
+        "the holder gate is removed: the pod waits for its scheduler"
+    );
+    assert!(spec.node_name.is_none());
+    let undecided = h.scheduled_condition("queued-once-1").await;
+    assert!(
+        undecided.is_none() || undecided == Some(("False".into(), Some("SchedulingGated".into()))),
+        "no scheduler decided about it: {undecided:?}"
+    );
+    // Three start timeouts in the queue: the attempt waits, its lease kept alive.
+    for _ in 0..16 {
+        h.advance(Duration::from_secs(11));
+        h.settle("queued", 1).await;
+    }
+    let lease = h.lease("queued", "queued-once").await.unwrap();
+    assert_eq!(
+        (lease.epoch, state(&lease).status),
+        (1, cojob_controller::run::RunPhase::Pending),
+        "a queued pod is not timed out"
+    );
+    assert!(
+        h.live_pod_names("queued")
+            .await
+            .contains(&"queued-once-1".to_string())
+    );
+    assert!(
+        lease.deadline > h.now(),
+        "the pending lease is renewed meanwhile"
+    );
+    // Bound now (the binding's time is the API server's: the fake clock starts from it).
+    h.bind_pod("queued-once-1", "node-without-kubelet").await;
+    assert_eq!(
+        h.scheduled_condition("queued-once-1").await,
+        Some(("True".into(), None))
+    );
+    h.clock.set(chrono::Utc::now());
+    for _ in 0..5 {
+        h.advance(Duration::from_secs(11));
+        h.settle("queued", 1).await;
+    }
+    let lease = h.lease("queued", "queued-once").await.unwrap();
+    assert_eq!(
+        lease.epoch, 1,
+        "55 s after its binding, within the start timeout"
+    );
+    h.advance(Duration::from_secs(6));
+    h.settle("queued", 2).await;
+    let lease = h.lease("queued", "queued-once").await.unwrap();
+    let st = state(&lease);
+    assert_eq!(
+        (lease.epoch, st.attempt),
+        (2, 2),
+        "61 s after its binding the attempt failed and the retry holds the lease"
+    );
+    assert!(
+        !h.live_pod_names("queued")
+            .await
+            .contains(&"queued-once-1".to_string()),
+        "the late pod is stopped"
+    );
+    let reasons = h.event_reasons("queued").await;
+    assert!(reasons.iter().any(|r| r == "RunRetrying"), "{reasons:?}");
+    // The bound pod stops only when its (absent) kubelet says so; then the retry's pod is
+    // created, and waits for its scheduler too.
+    h.finish_pod("queued-once-1", 137).await;
+    h.settle("queued", 2).await;
+    assert!(h.pod_exists("queued-once-2").await);
     h.cleanup().await;
 }
 

@@ -164,7 +164,9 @@ async fn observe(
     lease: Option<&LeaseInfo>,
     pods: &RunPods,
 ) -> Result<Observed, SweepError> {
-    let current = pod_view(lease.and_then(|l| pods.get(&l.epoch)));
+    let current_pod = lease.and_then(|l| pods.get(&l.epoch));
+    let current = pod_view(current_pod);
+    let start_clock = current_pod.map_or(run::StartClock::FromDispatch, pods::start_clock);
     let succeeded = pods
         .values()
         .find_map(|p| pod_view(Some(p)).succeeded().cloned());
@@ -182,6 +184,7 @@ async fn observe(
         succeeded,
         predecessors_quiescent,
         pod_missing,
+        start_clock,
     })
 }
 

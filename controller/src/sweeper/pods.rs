@@ -11,7 +11,7 @@ use super::{RunPods, RunReport, SweepError};
 use crate::context::JobScope;
 use crate::index::ActiveRun;
 use crate::pod::RESULT_FINALIZER;
-use crate::run::{self, PodOutcome, PodView};
+use crate::run::{self, PodOutcome, PodView, StartClock};
 use cojob::LeaseInfo;
 
 /// How a pod ended, or that it has not. A pod being deleted before it was ever placed on a
@@ -59,6 +59,74 @@ pub fn deciding_container(pod: &Pod) -> Option<&ContainerStatus> {
 pub fn terminated(container: &ContainerStatus) -> Option<&ContainerStateTerminated> {
     container.state.as_ref()?.terminated.as_ref()
 }
+
+/// The reason the API server gives a pod's `PodScheduled` condition while a scheduling gate
+/// holds it; it stays after the gates are removed, until the scheduler's first decision.
+const SCHEDULING_GATED: &str = "SchedulingGated";
+
+/// From when the start timeout of the attempt whose pod is `pod` counts ([`StartClock`]), read
+/// from its `PodScheduled` condition:
+///
+/// - held by a scheduling gate: from the dispatch (the controller's own gate is its own step;
+///   a template's gate is someone else's, and the timeout is what bounds it);
+/// - bound to a node: from the binding (the condition turned `True`);
+/// - not bound, and the scheduler found no node for it (`False`, `Unschedulable`): from the
+///   condition's time, which is its creation's, since the condition was `False` from the start;
+/// - not bound, no decision yet (no condition, or still the gate's `SchedulingGated` after the
+///   gates are gone): queued, no clock.
+///
+/// ```
+/// use cojob_controller::run::StartClock;
+/// use cojob_controller::sweeper::pods::start_clock;
+/// let pod = |spec: serde_json::Value, conditions: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
+///     serde_json::from_value(serde_json::json!({
+///         "metadata": {"name": "r-1"}, "spec": spec, "status": {"conditions": conditions}
+///     })).unwrap()
+/// };
+/// let gated = serde_json::json!([{"type": "PodScheduled", "status": "False",
+///     "reason": "SchedulingGated", "lastTransitionTime": "2026-12-05T10:00:00Z"}]);
+/// assert_eq!(start_clock(&pod(serde_json::json!({"containers": [], "schedulingGates": [{"name": "g"}]}), gated.clone())), StartClock::FromDispatch);
+/// assert_eq!(start_clock(&pod(serde_json::json!({"containers": []}), gated)), StartClock::Queued);
+/// let bound = serde_json::json!([{"type": "PodScheduled", "status": "True",
+///     "lastTransitionTime": "2026-12-05T10:20:00Z"}]);
+/// assert_eq!(
+///     start_clock(&pod(serde_json::json!({"containers": [], "nodeName": "n"}), bound)),
+///     StartClock::Since("2026-12-05T10:20:00Z".parse().unwrap())
+/// );
+/// ```
+pub fn start_clock(pod: &Pod) -> StartClock {
+    let spec = pod.spec.as_ref();
+    if spec
+        .and_then(|s| s.scheduling_gates.as_ref())
+        .is_some_and(|gates| !gates.is_empty())
+    {
+        return StartClock::FromDispatch;
+    }
+    let condition = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == POD_SCHEDULED);
+    let since = |c: &k8s_openapi::api::core::v1::PodCondition| {
+        c.last_transition_time
+            .as_ref()
+            .and_then(|t| chrono::DateTime::from_timestamp_micros(t.0.as_microsecond()))
+            .map_or(StartClock::FromDispatch, StartClock::Since)
+    };
+    let placed = spec.is_some_and(|s| s.node_name.is_some());
+    match condition {
+        Some(c) if placed && c.status == "True" => since(c),
+        // Bound without the scheduler (a template's `nodeName`) or without a time.
+        _ if placed => StartClock::FromDispatch,
+        Some(c) if c.status == "False" && c.reason.as_deref() != Some(SCHEDULING_GATED) => since(c),
+        _ => StartClock::Queued,
+    }
+}
+
+/// The type of a pod's condition that tells where the scheduler stands with it.
+pub const POD_SCHEDULED: &str = "PodScheduled";
 
 /// True when the pod may still run something.
 pub fn is_live(pod: &Pod) -> bool {
@@ -186,4 +254,93 @@ pub async fn release_settled(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn pod(spec: Value, conditions: Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "r-1"},
+            "spec": spec,
+            "status": {"phase": "Pending", "conditions": conditions}
+        }))
+        .unwrap()
+    }
+
+    fn scheduled(status: &str, reason: Option<&str>, at: &str) -> Value {
+        json!([{"type": "PodScheduled", "status": status, "reason": reason, "lastTransitionTime": at}])
+    }
+
+    #[test]
+    fn the_start_clock_follows_the_schedulers_decision() {
+        let t = |s: &str| StartClock::Since(s.parse().unwrap());
+        let created = "2026-12-05T10:00:00Z";
+        let gate =
+            json!({"containers": [], "schedulingGates": [{"name": "cojob.dev/holder-secret"}]});
+        let ungated = json!({"containers": []});
+        let bound = json!({"containers": [], "nodeName": "n"});
+        let cases = [
+            // Created with the controller's gate: the API server's condition.
+            (
+                gate.clone(),
+                scheduled("False", Some("SchedulingGated"), created),
+                StartClock::FromDispatch,
+            ),
+            // Gate removed, the scheduler has not looked yet (a backlog): no clock.
+            (
+                ungated.clone(),
+                scheduled("False", Some("SchedulingGated"), created),
+                StartClock::Queued,
+            ),
+            (ungated.clone(), json!([]), StartClock::Queued),
+            (ungated.clone(), Value::Null, StartClock::Queued),
+            (
+                ungated.clone(),
+                scheduled("Unknown", None, created),
+                StartClock::Queued,
+            ),
+            // No node fits: the condition stays False, so its time is the creation's.
+            (
+                ungated.clone(),
+                scheduled("False", Some("Unschedulable"), created),
+                t(created),
+            ),
+            (
+                ungated.clone(),
+                scheduled("False", Some("SchedulerError"), created),
+                t(created),
+            ),
+            // Bound: from the binding.
+            (
+                bound.clone(),
+                scheduled("True", None, "2026-12-05T10:30:00Z"),
+                t("2026-12-05T10:30:00Z"),
+            ),
+            // Bound by the template's nodeName (no scheduler, no condition).
+            (bound.clone(), json!([]), StartClock::FromDispatch),
+            (
+                bound,
+                scheduled("False", Some("SchedulingGated"), created),
+                StartClock::FromDispatch,
+            ),
+            // A gate that is someone else's holds the pod: the timeout bounds it.
+            (
+                json!({"containers": [], "schedulingGates": [{"name": "example.com/quota"}]}),
+                json!([]),
+                StartClock::FromDispatch,
+            ),
+        ];
+        for (spec, conditions, want) in cases {
+            let p = pod(spec.clone(), conditions.clone());
+            assert_eq!(start_clock(&p), want, "{spec} {conditions}");
+            assert_eq!(
+                start_clock(&crate::pod_cache::trim(&p)),
+                want,
+                "the cache keeps what the clock reads: {spec} {conditions}"
+            );
+        }
+    }
 }

@@ -459,6 +459,32 @@ impl Harness {
             .unwrap_or_else(|e| panic!("set the phase of pod {pod}: {e}"));
     }
 
+    /// The pod's `PodScheduled` condition as `(status, reason)`, if it has one.
+    pub async fn scheduled_condition(&self, pod: &str) -> Option<(String, Option<String>)> {
+        let pod = self.pods().get_opt(pod).await.unwrap()?;
+        pod.status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled")
+            .map(|c| (c.status, c.reason))
+    }
+
+    /// Waits (in real time, up to 20 s) until the real scheduler found no node for the pod
+    /// (`PodScheduled` `False`, `Unschedulable`); panics otherwise.
+    pub async fn wait_unschedulable(&self, pod: &str) {
+        let want = Some(("False".to_string(), Some("Unschedulable".to_string())));
+        for _ in 0..200 {
+            if self.scheduled_condition(pod).await == want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "the scheduler did not mark {pod} unschedulable: {:?}",
+            self.scheduled_condition(pod).await
+        );
+    }
+
     /// Places a pod on a node no kubelet serves (the binding subresource, as the scheduler
     /// does): from then on only a kubelet's report could say it stopped.
     pub async fn bind_pod(&self, pod: &str, node: &str) {
