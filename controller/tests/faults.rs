@@ -210,9 +210,11 @@ async fn a_pod_that_never_starts_fails_its_attempt_after_the_start_timeout() {
         "kept alive within the start timeout"
     );
     // The start timeout counts from the scheduler's decision, here that no node fits: the
-    // condition's time is the pod's creation.
+    // condition's time is the pod's creation, by the API server's clock (which the fake
+    // clock started from, a moment before the pod was created).
     h.wait_unschedulable("stuck-once-1").await;
-    h.advance(Duration::from_secs(6));
+    let due = h.scheduled_at("stuck-once-1").await + chrono::Duration::seconds(60);
+    h.clock.set(due.max(h.now() + chrono::Duration::seconds(6)));
     h.settle("stuck", 2).await;
     let lease = h.lease("stuck", "stuck-once").await.unwrap();
     let st = state(&lease);

@@ -469,6 +469,21 @@ impl Harness {
             .map(|c| (c.status, c.reason))
     }
 
+    /// When the pod's `PodScheduled` condition last changed (the API server's clock, to the
+    /// second).
+    pub async fn scheduled_at(&self, pod: &str) -> DateTime<Utc> {
+        let pod = self.pods().get(pod).await.unwrap();
+        let time = pod
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled")
+            .and_then(|c| c.last_transition_time)
+            .expect("a PodScheduled condition with a time");
+        DateTime::from_timestamp(time.0.as_second(), 0).expect("a time in range")
+    }
+
     /// Waits (in real time, up to 20 s) until the real scheduler found no node for the pod
     /// (`PodScheduled` `False`, `Unschedulable`); panics otherwise.
     pub async fn wait_unschedulable(&self, pod: &str) {
