@@ -10,6 +10,7 @@
 //!   [`context`]: what they share; [`leader`]: optional leader election.
 
 pub mod announce;
+pub mod api_time;
 pub mod backfill;
 pub mod cli;
 pub mod context;

@@ -1131,12 +1131,12 @@ mod tests {
             decide(Some(&pending), &with(StartClock::Since(ago(3_700))), &t),
             Ok(Step::StartTimedOut)
         );
-        // Queued or not, a pod whose ended state arrived is recorded, and a lease whose
-        // attempt started is never timed out.
+        // Held by a gate, from its dispatch: an hour is late.
         assert_eq!(
             decide(Some(&pending), &with(StartClock::FromDispatch), &t),
             Ok(Step::StartTimedOut)
         );
+        // An attempt whose workload started is never timed out.
         let running = lease(
             json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "x",
                    "dispatched_at": cojob::json::format_time(ago(3_600))}),

@@ -302,7 +302,7 @@ pub async fn run(args: WhyArgs) -> anyhow::Result<()> {
         .metadata
         .creation_timestamp
         .as_ref()
-        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()));
+        .and_then(crate::api_time::from_api);
     let facts = Facts {
         spec: &job.spec,
         created,

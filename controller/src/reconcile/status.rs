@@ -49,12 +49,6 @@ pub(super) async fn report_not_ready(
     Ok(())
 }
 
-pub(super) fn to_time(t: DateTime<Utc>) -> Option<Time> {
-    k8s_openapi::jiff::Timestamp::from_microsecond(t.timestamp_micros())
-        .ok()
-        .map(Time)
-}
-
 pub(super) fn ready_reason(job: &CoordinatedJob) -> Option<&str> {
     job.status
         .as_ref()?
@@ -140,8 +134,11 @@ pub(super) fn build_status(scope: &JobScope<'_>, synced: &Synced) -> Coordinated
     let index = &synced.index;
     // Never moves back: the status keeps the cursor if the index was lost.
     let previous = status.last_schedule_time.clone();
-    status.last_schedule_time = index.cursor_time().and_then(to_time).max(previous);
-    status.next_schedule_time = synced.next.and_then(to_time);
+    status.last_schedule_time = index
+        .cursor_time()
+        .and_then(crate::api_time::to_api)
+        .max(previous);
+    status.next_schedule_time = synced.next.and_then(crate::api_time::to_api);
     status.active = synced.active.clone();
     status.recent = index
         .recent

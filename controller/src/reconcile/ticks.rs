@@ -124,7 +124,7 @@ pub(super) fn schedule_since(
         .metadata
         .creation_timestamp
         .as_ref()
-        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()))
+        .and_then(crate::api_time::from_api)
         .unwrap_or(now);
     // The status mirrors the cursor, so an index lost to a bucket lifecycle rule (or a
     // restore) never makes old ticks due again.
@@ -133,7 +133,7 @@ pub(super) fn schedule_since(
         .status
         .as_ref()
         .and_then(|s| s.last_schedule_time.as_ref())
-        .and_then(|t| DateTime::from_timestamp_micros(t.0.as_microsecond()));
+        .and_then(crate::api_time::from_api);
     index.cursor_time().max(mirrored).unwrap_or(created)
 }
 

@@ -112,7 +112,7 @@ pub fn start_clock(pod: &Pod) -> StartClock {
     let since = |c: &k8s_openapi::api::core::v1::PodCondition| {
         c.last_transition_time
             .as_ref()
-            .and_then(|t| chrono::DateTime::from_timestamp_micros(t.0.as_microsecond()))
+            .and_then(crate::api_time::from_api)
             .map_or(StartClock::FromDispatch, StartClock::Since)
     };
     let placed = spec.is_some_and(|s| s.node_name.is_some());

@@ -38,7 +38,7 @@ pub fn due(
         .metadata
         .creation_timestamp
         .as_ref()
-        .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))?;
+        .and_then(crate::api_time::from_api)?;
     let lifetime = chrono::Duration::from_std(minter.duration()).unwrap_or_default();
     // The first credentials were minted just after the pod was created: renewing from the
     // pod's creation on is early, never late.

@@ -24,7 +24,7 @@ use cojob_controller::crd::CoordinatedJob;
 use cojob_controller::index::Decision;
 use cojob_controller::layout::JobKeys;
 use cojob_test_support::{install_crd, required_env};
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodCondition, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -459,29 +459,29 @@ impl Harness {
             .unwrap_or_else(|e| panic!("set the phase of pod {pod}: {e}"));
     }
 
-    /// The pod's `PodScheduled` condition as `(status, reason)`, if it has one.
-    pub async fn scheduled_condition(&self, pod: &str) -> Option<(String, Option<String>)> {
+    /// The pod's `PodScheduled` condition, if it has one.
+    async fn scheduled(&self, pod: &str) -> Option<PodCondition> {
         let pod = self.pods().get_opt(pod).await.unwrap()?;
         pod.status?
             .conditions?
             .into_iter()
-            .find(|c| c.type_ == "PodScheduled")
-            .map(|c| (c.status, c.reason))
+            .find(|c| c.type_ == cojob_controller::sweeper::pods::POD_SCHEDULED)
+    }
+
+    /// The pod's `PodScheduled` condition as `(status, reason)`, if it has one.
+    pub async fn scheduled_condition(&self, pod: &str) -> Option<(String, Option<String>)> {
+        self.scheduled(pod).await.map(|c| (c.status, c.reason))
     }
 
     /// When the pod's `PodScheduled` condition last changed (the API server's clock, to the
     /// second).
     pub async fn scheduled_at(&self, pod: &str) -> DateTime<Utc> {
-        let pod = self.pods().get(pod).await.unwrap();
-        let time = pod
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .into_iter()
-            .find(|c| c.type_ == "PodScheduled")
+        self.scheduled(pod)
+            .await
             .and_then(|c| c.last_transition_time)
-            .expect("a PodScheduled condition with a time");
-        DateTime::from_timestamp(time.0.as_second(), 0).expect("a time in range")
+            .as_ref()
+            .and_then(cojob_controller::api_time::from_api)
+            .expect("a PodScheduled condition with a time")
     }
 
     /// Waits (in real time, up to 20 s) until the real scheduler found no node for the pod
