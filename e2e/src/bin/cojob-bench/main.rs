@@ -79,6 +79,11 @@ struct Options {
     /// this long before the tick, and its workload still starts at the tick (0: at the tick).
     #[arg(long, value_name = "SECONDS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600))]
     prestart: u64,
+    /// The CoordinatedJobs' `startTimeoutSeconds` (default: the CRD's, 600). A Job's pod has
+    /// no start timeout, so a size whose nodes start pods later than that (kwok's backlog at
+    /// thousands of pods a tick) compares like with like only with a longer one.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    start_timeout: Option<u64>,
     /// Ticks measured on the simulated nodes (at most 10).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10))]
     kwok_ticks: u32,
@@ -701,6 +706,9 @@ struct SizeResult {
     /// The CoordinatedJobs' `prestartSeconds` (0 in reports from before the option).
     #[serde(default)]
     prestart_seconds: u64,
+    /// The CoordinatedJobs' `startTimeoutSeconds` if not the CRD's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    start_timeout_seconds: Option<u64>,
     cronjob: Figures,
     cojob: Figures,
     /// The cojob controller's process was not the same at the end of the window (it restarted:
@@ -892,12 +900,13 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     );
     let spec = pod_spec(nodes, &["true"]);
     for_each_parallel(n, |i| {
-        let (cronjobs, cojobs, cron, spec, prestart) = (
+        let (cronjobs, cojobs, cron, spec, prestart, start_timeout) = (
             cronjobs.clone(),
             cojobs.clone(),
             cron.clone(),
             spec.clone(),
             o.prestart,
+            o.start_timeout,
         );
         async move {
             let cj: CronJob = serde_json::from_value(json!({
@@ -910,7 +919,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
                 }
             }))?;
             cronjobs.create(&PostParams::default(), &cj).await?;
-            let co: DynamicObject = serde_json::from_value(json!({
+            let mut co = json!({
                 "apiVersion": "cojob.dev/v1alpha1",
                 "kind": "CoordinatedJob",
                 "metadata": {"name": format!("co-{i}")},
@@ -921,7 +930,11 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
                     "prestartSeconds": prestart,
                     "template": {"spec": spec}
                 }
-            }))?;
+            });
+            if let Some(s) = start_timeout {
+                co["spec"]["startTimeoutSeconds"] = json!(s);
+            }
+            let co: DynamicObject = serde_json::from_value(co)?;
             cojobs.create(&PostParams::default(), &co).await?;
             Ok(())
         }
@@ -1136,6 +1149,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         every_minutes: every,
         nodes,
         prestart_seconds: o.prestart,
+        start_timeout_seconds: o.start_timeout,
         tick_pickup: if restarted {
             after.pickup.since(&after.pickup)
         } else {
@@ -1290,12 +1304,17 @@ fn nodes_label(nodes: Nodes) -> &'static str {
     }
 }
 
-/// How the tables name cojob's rows: with the prestart, if any.
+/// How the tables name cojob's rows: with the prestart and the start timeout, if not the
+/// defaults.
 fn cojob_label(r: &SizeResult) -> String {
-    match r.prestart_seconds {
-        0 => "cojob".to_string(),
-        s => format!("cojob, prestart {s} s"),
+    let mut label = "cojob".to_string();
+    if r.prestart_seconds > 0 {
+        label += &format!(", prestart {} s", r.prestart_seconds);
     }
+    if let Some(s) = r.start_timeout_seconds {
+        label += &format!(", start timeout {s} s");
+    }
+    label
 }
 
 /// Each tick's dispatch lag, one row per size and kind (empty if no result kept them).
@@ -1390,7 +1409,10 @@ fn merge(
         .with_context(|| format!("{path} is not a cojob-bench report"))?;
     for old in earlier.sizes {
         if !results.iter().any(|r| {
-            r.n == old.n && r.nodes == old.nodes && r.prestart_seconds == old.prestart_seconds
+            r.n == old.n
+                && r.nodes == old.nodes
+                && r.prestart_seconds == old.prestart_seconds
+                && r.start_timeout_seconds == old.start_timeout_seconds
         }) {
             println!(
                 "bench: keeping N = {} ({:?} nodes, measured {}) from {path}",
@@ -1710,5 +1732,22 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("| tick 1 | tick 2 | tick 3 |"), "{table}");
+        // A start timeout other than the CRD's default is named too; without one, none is.
+        let mut longer = size(6120, "kwok");
+        longer["prestart_seconds"] = json!(600);
+        longer["start_timeout_seconds"] = json!(1800);
+        let longer: SizeResult = serde_json::from_value(longer).unwrap();
+        assert_eq!(
+            cojob_label(&longer),
+            "cojob, prestart 600 s, start timeout 1800 s"
+        );
+        let default: SizeResult = serde_json::from_value(size(6120, "kwok")).unwrap();
+        assert_eq!(cojob_label(&default), "cojob");
+        assert!(
+            !serde_json::to_string(&default)
+                .unwrap()
+                .contains("start_timeout"),
+            "a report keeps the field only where it was set"
+        );
     }
 }
