@@ -146,10 +146,11 @@ pub struct CoordinatedJobSpec {
     pub active_deadline_seconds: Option<i64>,
 
     /// How long an attempt's pod may take to start its workload (pull its images, attach its
-    /// sidecar) before the attempt fails with `StartTimeout`, counted from the scheduler's
-    /// decision: from the binding to a node, or, for a pod no node fits, from its creation. A
-    /// pod still waiting in the scheduler's queue is not late. Until then the controller keeps
-    /// the attempt's lease alive, so a slow start costs nothing.
+    /// sidecar) before the attempt fails with `StartTimeout`, counted from when its node's
+    /// kubelet took it up (`status.startTime`), or, for a pod no node fits, from its creation.
+    /// A pod still waiting in the scheduler's queue, or bound to a node whose kubelet has not
+    /// taken it up, is not late. Until then the controller keeps the attempt's lease alive, so
+    /// a slow start costs nothing.
     #[serde(default = "default_start_timeout")]
     #[x_kube(validation = Rule::new("self >= 1").message("startTimeoutSeconds must be at least 1"))]
     pub start_timeout_seconds: i64,

@@ -264,8 +264,9 @@ impl PodCache {
 /// - of its spec, the node it is bound to, its scheduling gates (the holder gate), and of the
 ///   sidecar container its name and `COJOB_HOLDER` variable (which holder Secret it reads);
 /// - of its status, the phase and reason, the `PodScheduled` condition's status, reason and
-///   time (from when its start timeout counts, [`crate::sweeper::pods::start_clock`]), and of
-///   each container status its name, exit state and the fields the API requires.
+///   time and the kubelet's `startTime` (from when its start timeout counts,
+///   [`crate::sweeper::pods::start_clock`]), and of each container status its name, exit state
+///   and the fields the API requires.
 ///
 /// The decisions that need the whole truth (is the current pod missing, can an older pod still
 /// run) read the API server, not the cache.
@@ -311,6 +312,8 @@ pub fn trim(pod: &Pod) -> Pod {
     let status = pod.status.as_ref().map(|s| PodStatus {
         phase: s.phase.clone(),
         reason: s.reason.clone(),
+        // When its kubelet took it up, for the start timeout.
+        start_time: s.start_time.clone(),
         // Where the scheduler stands with it, for the start timeout: only its decision.
         conditions: s.conditions.as_ref().and_then(|all| {
             let kept: Vec<PodCondition> = all
@@ -498,7 +501,7 @@ mod tests {
                     "env": [{"name": "COJOB_RUN_ID", "value": "nightly-abc"}]}]
             },
             "status": {
-                "phase": phase, "reason": "Evicted",
+                "phase": phase, "reason": "Evicted", "startTime": "2026-12-03T18:00:03Z",
                 "conditions": [{"type": "Ready", "status": "False"},
                     {"type": "PodScheduled", "status": "True", "lastProbeTime": null,
                      "lastTransitionTime": "2026-12-03T18:00:02Z", "message": "bound"}],
@@ -552,6 +555,13 @@ mod tests {
                     crate::sweeper::pods::start_clock(&kept),
                     crate::sweeper::pods::start_clock(&full)
                 );
+                if !gated {
+                    assert_eq!(
+                        crate::sweeper::pods::start_clock(&kept),
+                        crate::run::StartClock::Since("2026-12-03T18:00:03Z".parse().unwrap()),
+                        "from the kubelet's acknowledgement, kept"
+                    );
+                }
             }
         }
         // The cache hands out the trimmed copy.

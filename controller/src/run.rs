@@ -477,14 +477,17 @@ pub struct Observed {
 }
 
 /// From when an attempt's start timeout (`startTimeoutSeconds`) counts, by where the
-/// scheduler stands with its pod.
+/// scheduler and the node's kubelet stand with its pod.
 ///
 /// The timeout is there for a pod that will not start (no node fits it, an image that never
 /// pulls, a sidecar that cannot reach the store), so that it cannot hold its run, and under
 /// `Forbid` every later tick, forever. A pod that merely waits in the scheduler's queue, behind
 /// thousands of others, is not such a pod: a new attempt would only go to the back of the same
-/// queue, and add to the load. So the clock starts at the scheduler's first decision about the
-/// pod (a node, or none that fits), and a pod it has not yet looked at is never late.
+/// queue, and add to the load. Nor is a pod bound to a node whose kubelet has not taken it up:
+/// a new attempt's pod would be created only once this one stopped (G3), which only that
+/// kubelet can report. So the clock starts at the scheduler's decision that no node fits, or
+/// at the kubelet's acknowledgement of a bound pod, and a pod waiting for either is never
+/// late.
 ///
 /// ```
 /// use chrono::{TimeZone, Utc};
@@ -498,14 +501,16 @@ pub struct Observed {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StartClock {
     /// From the attempt's dispatch: its pod is held by a scheduling gate (the controller's
-    /// own, until the holder Secret exists, or the template's), bound to a node with no time
-    /// recorded, or not seen.
+    /// own, until the holder Secret exists, or the template's), bound by the template's
+    /// `nodeName` and not taken up yet, or not seen.
     #[default]
     FromDispatch,
-    /// The pod waits for the scheduler's first look: no clock runs.
+    /// The pod waits for the scheduler's first look, or for its node's kubelet to take it
+    /// up: no clock runs.
     Queued,
-    /// The scheduler decided about the pod at this time (bound it, or found no node for it):
-    /// from then, or from the dispatch if that is later (a clock behind the controller's).
+    /// The scheduler found no node for the pod at this time, or its node's kubelet took it up
+    /// then: from then, or from the dispatch if that is later (a clock behind the
+    /// controller's).
     Since(chrono::DateTime<chrono::Utc>),
 }
 

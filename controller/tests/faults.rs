@@ -240,11 +240,13 @@ async fn a_pod_that_never_starts_fails_its_attempt_after_the_start_timeout() {
 }
 
 /// A pod the scheduler has not looked at yet (a backlog; here a scheduler name nobody serves)
-/// is not late to start, however long it waits: a new attempt would only queue behind it. The
-/// start timeout counts from the scheduler's decision, so once the pod is bound to a node it
-/// gets the whole timeout from the binding, and no more.
+/// is not late to start, however long it waits: a new attempt would only queue behind it. Nor
+/// is a pod bound to a node whose kubelet has not taken it up (a backlog on the node, or a
+/// node that is gone): a new attempt would wait for that pod to stop (G3), which only the same
+/// kubelet can report. The start timeout counts from the kubelet's acknowledgement, so the
+/// pod then gets the whole timeout for its images and sidecar, and no more.
 #[tokio::test]
-async fn a_pod_queued_for_the_scheduler_is_timed_out_only_from_its_placement() {
+async fn a_pod_is_timed_out_only_once_the_scheduler_placed_it_and_its_kubelet_took_it_up() {
     let h = Harness::new("it-queued").await;
     h.create_job(
         "queued",
@@ -265,33 +267,43 @@ async fn a_pod_queued_for_the_scheduler_is_timed_out_only_from_its_placement() {
         undecided.is_none() || undecided == Some(("False".into(), Some("SchedulingGated".into()))),
         "no scheduler decided about it: {undecided:?}"
     );
-    // Three start timeouts in the queue: the attempt waits, its lease kept alive.
-    for _ in 0..16 {
-        h.advance(Duration::from_secs(11));
-        h.settle("queued", 1).await;
-    }
-    let lease = h.lease("queued", "queued-once").await.unwrap();
-    assert_eq!(
-        (lease.epoch, state(&lease).status),
-        (1, cojob_controller::run::RunPhase::Pending),
-        "a queued pod is not timed out"
-    );
-    assert!(
-        h.live_pod_names("queued")
-            .await
-            .contains(&"queued-once-1".to_string())
-    );
-    assert!(
-        lease.deadline > h.now(),
-        "the pending lease is renewed meanwhile"
-    );
-    // Bound now (the binding's time is the API server's: the fake clock starts from it).
+    // Three start timeouts in the scheduler's queue, then three more on a node whose kubelet
+    // does not take the pod up: the attempt waits, its lease kept alive.
+    let waits_pending = |place: &'static str| {
+        let h = &h;
+        async move {
+            for _ in 0..16 {
+                h.advance(Duration::from_secs(11));
+                h.settle("queued", 1).await;
+            }
+            let lease = h.lease("queued", "queued-once").await.unwrap();
+            assert_eq!(
+                (lease.epoch, state(&lease).status),
+                (1, cojob_controller::run::RunPhase::Pending),
+                "a pod queued {place} is not timed out"
+            );
+            assert!(
+                h.live_pod_names("queued")
+                    .await
+                    .contains(&"queued-once-1".to_string())
+            );
+            assert!(
+                lease.deadline > h.now(),
+                "the pending lease is renewed meanwhile ({place})"
+            );
+        }
+    };
+    waits_pending("for the scheduler").await;
     h.bind_pod("queued-once-1", "node-without-kubelet").await;
     assert_eq!(
         h.scheduled_condition("queued-once-1").await,
         Some(("True".into(), None))
     );
     h.clock.set(chrono::Utc::now());
+    waits_pending("for its kubelet").await;
+    // Taken up now (the fake clock starts from the acknowledgement's time).
+    let taken_up = h.ack_pod("queued-once-1").await;
+    h.clock.set(taken_up);
     for _ in 0..5 {
         h.advance(Duration::from_secs(11));
         h.settle("queued", 1).await;
@@ -299,7 +311,7 @@ async fn a_pod_queued_for_the_scheduler_is_timed_out_only_from_its_placement() {
     let lease = h.lease("queued", "queued-once").await.unwrap();
     assert_eq!(
         lease.epoch, 1,
-        "55 s after its binding, within the start timeout"
+        "55 s after its kubelet took it up, within the start timeout"
     );
     h.advance(Duration::from_secs(6));
     h.settle("queued", 2).await;
@@ -308,7 +320,7 @@ async fn a_pod_queued_for_the_scheduler_is_timed_out_only_from_its_placement() {
     assert_eq!(
         (lease.epoch, st.attempt),
         (2, 2),
-        "61 s after its binding the attempt failed and the retry holds the lease"
+        "61 s after its kubelet took it up the attempt failed and the retry holds the lease"
     );
     assert!(
         !h.live_pod_names("queued")

@@ -65,11 +65,19 @@ pub fn terminated(container: &ContainerStatus) -> Option<&ContainerStateTerminat
 const SCHEDULING_GATED: &str = "SchedulingGated";
 
 /// From when the start timeout of the attempt whose pod is `pod` counts ([`StartClock`]), read
-/// from its `PodScheduled` condition:
+/// from its `PodScheduled` condition and its kubelet's acknowledgement (`status.startTime`):
 ///
 /// - held by a scheduling gate: from the dispatch (the controller's own gate is its own step;
 ///   a template's gate is someone else's, and the timeout is what bounds it);
-/// - bound to a node: from the binding (the condition turned `True`);
+/// - bound to a node by the scheduler, and taken up by the node's kubelet: from the later of
+///   the binding (the condition turned `True`) and the kubelet's acknowledgement, so the pod
+///   has the whole timeout for its images, volumes and sidecar;
+/// - bound by the scheduler, not yet taken up by the node's kubelet: queued on that node, no
+///   clock. A new attempt could not start sooner: it waits until this pod stopped (G3), which
+///   only the same kubelet can report (or, once the node object is removed, the pod garbage
+///   collector, which fails the pod);
+/// - bound by the template's `nodeName` (no scheduler, no condition): from the dispatch (the
+///   node may not exist);
 /// - not bound, and the scheduler found no node for it (`False`, `Unschedulable`): from the
 ///   condition's time, which is its creation's, since the condition was `False` from the start;
 /// - not bound, no decision yet (no condition, or still the gate's `SchedulingGated` after the
@@ -89,10 +97,10 @@ const SCHEDULING_GATED: &str = "SchedulingGated";
 /// assert_eq!(start_clock(&pod(serde_json::json!({"containers": []}), gated)), StartClock::Queued);
 /// let bound = serde_json::json!([{"type": "PodScheduled", "status": "True",
 ///     "lastTransitionTime": "2026-12-05T10:20:00Z"}]);
-/// assert_eq!(
-///     start_clock(&pod(serde_json::json!({"containers": [], "nodeName": "n"}), bound)),
-///     StartClock::Since("2026-12-05T10:20:00Z".parse().unwrap())
-/// );
+/// let mut on_node = pod(serde_json::json!({"containers": [], "nodeName": "n"}), bound);
+/// assert_eq!(start_clock(&on_node), StartClock::Queued, "its kubelet has not taken it up");
+/// on_node.status.as_mut().unwrap().start_time = serde_json::from_value(serde_json::json!("2026-12-05T10:32:00Z")).unwrap();
+/// assert_eq!(start_clock(&on_node), StartClock::Since("2026-12-05T10:32:00Z".parse().unwrap()));
 /// ```
 pub fn start_clock(pod: &Pod) -> StartClock {
     let spec = pod.spec.as_ref();
@@ -117,8 +125,21 @@ pub fn start_clock(pod: &Pod) -> StartClock {
     };
     let placed = spec.is_some_and(|s| s.node_name.is_some());
     match condition {
-        Some(c) if placed && c.status == "True" => since(c),
-        // Bound without the scheduler (a template's `nodeName`) or without a time.
+        Some(c) if placed && c.status == "True" => {
+            let acknowledged = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .and_then(crate::api_time::from_api);
+            match (since(c), acknowledged) {
+                (_, None) => StartClock::Queued,
+                (StartClock::Since(bound), Some(taken_up)) => {
+                    StartClock::Since(bound.max(taken_up))
+                }
+                (_, Some(taken_up)) => StartClock::Since(taken_up),
+            }
+        }
+        // Bound without the scheduler (a template's `nodeName`), not taken up yet.
         _ if placed => StartClock::FromDispatch,
         Some(c) if c.status == "False" && c.reason.as_deref() != Some(SCHEDULING_GATED) => since(c),
         _ => StartClock::Queued,
@@ -261,11 +282,11 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
-    fn pod(spec: Value, conditions: Value) -> Pod {
+    fn pod(spec: Value, conditions: Value, start_time: Option<&str>) -> Pod {
         serde_json::from_value(json!({
             "metadata": {"name": "r-1"},
             "spec": spec,
-            "status": {"phase": "Pending", "conditions": conditions}
+            "status": {"phase": "Pending", "conditions": conditions, "startTime": start_time}
         }))
         .unwrap()
     }
@@ -282,64 +303,94 @@ mod tests {
             json!({"containers": [], "schedulingGates": [{"name": "cojob.dev/holder-secret"}]});
         let ungated = json!({"containers": []});
         let bound = json!({"containers": [], "nodeName": "n"});
+        let bound_at = "2026-12-05T10:30:00Z";
         let cases = [
             // Created with the controller's gate: the API server's condition.
             (
                 gate.clone(),
                 scheduled("False", Some("SchedulingGated"), created),
+                None,
                 StartClock::FromDispatch,
             ),
             // Gate removed, the scheduler has not looked yet (a backlog): no clock.
             (
                 ungated.clone(),
                 scheduled("False", Some("SchedulingGated"), created),
+                None,
                 StartClock::Queued,
             ),
-            (ungated.clone(), json!([]), StartClock::Queued),
-            (ungated.clone(), Value::Null, StartClock::Queued),
+            (ungated.clone(), json!([]), None, StartClock::Queued),
+            (ungated.clone(), Value::Null, None, StartClock::Queued),
             (
                 ungated.clone(),
                 scheduled("Unknown", None, created),
+                None,
                 StartClock::Queued,
             ),
             // No node fits: the condition stays False, so its time is the creation's.
             (
                 ungated.clone(),
                 scheduled("False", Some("Unschedulable"), created),
+                None,
                 t(created),
             ),
             (
                 ungated.clone(),
                 scheduled("False", Some("SchedulerError"), created),
+                None,
                 t(created),
             ),
-            // Bound: from the binding.
+            // Bound, its kubelet has not taken it up (a backlog on the node, or a node that
+            // is gone): no clock.
             (
                 bound.clone(),
-                scheduled("True", None, "2026-12-05T10:30:00Z"),
-                t("2026-12-05T10:30:00Z"),
+                scheduled("True", None, bound_at),
+                None,
+                StartClock::Queued,
+            ),
+            // Bound and taken up: from the later of the two.
+            (
+                bound.clone(),
+                scheduled("True", None, bound_at),
+                Some("2026-12-05T10:42:00Z"),
+                t("2026-12-05T10:42:00Z"),
+            ),
+            // (A node's clock behind the API server's: not before the binding.)
+            (
+                bound.clone(),
+                scheduled("True", None, bound_at),
+                Some("2026-12-05T10:29:58Z"),
+                t(bound_at),
+            ),
+            (
+                bound.clone(),
+                json!([{"type": "PodScheduled", "status": "True"}]),
+                Some("2026-12-05T10:42:00Z"),
+                t("2026-12-05T10:42:00Z"),
             ),
             // Bound by the template's nodeName (no scheduler, no condition).
-            (bound.clone(), json!([]), StartClock::FromDispatch),
+            (bound.clone(), json!([]), None, StartClock::FromDispatch),
             (
                 bound,
                 scheduled("False", Some("SchedulingGated"), created),
+                None,
                 StartClock::FromDispatch,
             ),
             // A gate that is someone else's holds the pod: the timeout bounds it.
             (
                 json!({"containers": [], "schedulingGates": [{"name": "example.com/quota"}]}),
                 json!([]),
+                None,
                 StartClock::FromDispatch,
             ),
         ];
-        for (spec, conditions, want) in cases {
-            let p = pod(spec.clone(), conditions.clone());
-            assert_eq!(start_clock(&p), want, "{spec} {conditions}");
+        for (spec, conditions, start_time, want) in cases {
+            let p = pod(spec.clone(), conditions.clone(), start_time);
+            assert_eq!(start_clock(&p), want, "{spec} {conditions} {start_time:?}");
             assert_eq!(
                 start_clock(&crate::pod_cache::trim(&p)),
                 want,
-                "the cache keeps what the clock reads: {spec} {conditions}"
+                "the cache keeps what the clock reads: {spec} {conditions} {start_time:?}"
             );
         }
     }

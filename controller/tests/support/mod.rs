@@ -450,13 +450,39 @@ impl Harness {
             .unwrap_or_else(|e| panic!("set the phase of pod {pod}: {e}"));
     }
 
-    /// Plays the kubelet: the pod started (its sidecar, in these tests, never renews).
+    /// Plays the kubelet: the pod started (its sidecar, in these tests, never renews), taken up
+    /// first if it was not ([`Harness::ack_pod`]).
     pub async fn start_pod(&self, pod: &str) {
+        let taken_up = self
+            .pods()
+            .get(pod)
+            .await
+            .unwrap_or_else(|e| panic!("read pod {pod}: {e}"))
+            .status
+            .and_then(|s| s.start_time)
+            .is_some();
+        if !taken_up {
+            self.ack_pod(pod).await;
+        }
         let status = json!({"status": {"phase": "Running"}});
         self.pods()
             .patch_status(pod, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .unwrap_or_else(|e| panic!("set the phase of pod {pod}: {e}"));
+    }
+
+    /// Plays the kubelet taking a bound pod up: its acknowledgement (`status.startTime`, which
+    /// a kubelet writes before it pulls the pod's images). Returns that time, to the second.
+    pub async fn ack_pod(&self, pod: &str) -> DateTime<Utc> {
+        let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let status = json!({"status": {"startTime": now}});
+        self.pods()
+            .patch_status(pod, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap_or_else(|e| panic!("set the start time of pod {pod}: {e}"));
+        DateTime::parse_from_rfc3339(&now)
+            .expect("an RFC 3339 time")
+            .with_timezone(&Utc)
     }
 
     /// The pod's `PodScheduled` condition, if it has one.
@@ -501,7 +527,8 @@ impl Harness {
     }
 
     /// Places a pod on a node no kubelet serves (the binding subresource, as the scheduler
-    /// does): from then on only a kubelet's report could say it stopped.
+    /// does): from then on only a kubelet's report could say it stopped, and nothing takes it
+    /// up until the test plays the kubelet ([`Harness::ack_pod`], [`Harness::start_pod`]).
     pub async fn bind_pod(&self, pod: &str, node: &str) {
         let binding = json!({
             "apiVersion": "v1", "kind": "Binding",
