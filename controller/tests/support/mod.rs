@@ -474,15 +474,14 @@ impl Harness {
     /// Plays the kubelet taking a bound pod up: its acknowledgement (`status.startTime`, which
     /// a kubelet writes before it pulls the pod's images). Returns that time, to the second.
     pub async fn ack_pod(&self, pod: &str) -> DateTime<Utc> {
-        let now = Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-        let status = json!({"status": {"startTime": now}});
+        let now = chrono::SubsecRound::trunc_subsecs(Utc::now(), 0);
+        let at = now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let status = json!({"status": {"startTime": at}});
         self.pods()
             .patch_status(pod, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .unwrap_or_else(|e| panic!("set the start time of pod {pod}: {e}"));
-        DateTime::parse_from_rfc3339(&now)
-            .expect("an RFC 3339 time")
-            .with_timezone(&Utc)
+        now
     }
 
     /// The pod's `PodScheduled` condition, if it has one.
