@@ -14,6 +14,7 @@
 //! assert_eq!(said.reasons(), ["RunDispatched", "RunMissed"]);
 //! ```
 
+use futures::StreamExt;
 use kube::runtime::events::EventType;
 
 use crate::context::JobScope;
@@ -85,7 +86,8 @@ impl Announcements {
 
     /// Counts what was announced in the metrics (a fact is announced by the one controller that
     /// made it), then publishes every announcement as an Event about the job (a failure to
-    /// publish one is logged, never fatal).
+    /// publish one is logged, never fatal), [`PUBLISH_AT_ONCE`] at a time: a pass that drove
+    /// several runs waits for about one Event's round trip, not one per Event.
     pub async fn publish(self, scope: &JobScope<'_>) {
         let metrics = &scope.cx.metrics;
         let now = scope.cx.db.clock().now().timestamp_millis() as f64 / 1000.0;
@@ -105,13 +107,18 @@ impl Announcements {
                 _ => {}
             }
         }
-        for a in self.0 {
-            scope
-                .run_event(a.type_, a.reason, a.note, a.pod.as_deref())
-                .await;
-        }
+        futures::stream::iter(self.0)
+            .for_each_concurrent(PUBLISH_AT_ONCE, |a| async move {
+                scope
+                    .run_event(a.type_, a.reason, a.note, a.pod.as_deref())
+                    .await;
+            })
+            .await;
     }
 }
+
+/// How many of one pass's Events are sent at once, at most.
+pub const PUBLISH_AT_ONCE: usize = 8;
 
 /// How often, at most, a job's skipped ticks are announced: one `RunSkipped` Event per job per
 /// this long. A `Forbid` job whose run outlasts many ticks would otherwise write an Event

@@ -321,13 +321,16 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
     }
     let mut said = Announcements::default();
     let result = sync(&scope, schedule.as_ref(), &mut said).await;
-    said.publish(&scope).await;
     match result {
         Ok(synced) => {
             cx.metrics
                 .job_active(&scope.namespace, &scope.name, synced.active.len());
             let status = build_status(&scope, &synced);
-            let written = match patch_status(&scope, status).await {
+            // The pass's Events and its status write are independent requests: sent together,
+            // the pass waits for the slower of them, not their sum (a dispatch pass's critical
+            // path is the claim, the pod, its holder Secret, the ungating, then this).
+            let (written, ()) = tokio::join!(patch_status(&scope, status), said.publish(&scope));
+            let written = match written {
                 Ok(written) => written,
                 Err(e) => {
                     // The runs a later pass leaves out keep the status it shows: sweep all of
@@ -349,6 +352,7 @@ async fn reconcile_job(job: &CoordinatedJob, cx: &Context) -> Result<Action, Err
             ))
         }
         Err(e) => {
+            said.publish(&scope).await;
             // The runs this pass was to sweep may not have been: sweep all of them next time.
             cx.focus.forget((&scope.namespace, &scope.name));
             if let Some((reason, message)) = e.public_report() {

@@ -563,7 +563,7 @@ fn machine_cpu() -> (f64, f64) {
 
 /// A histogram of the controller's, as scraped: cumulative bucket counts by upper bound.
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
-struct Pickup {
+struct Histo {
     /// Observations.
     count: f64,
     /// Their mean, in seconds.
@@ -579,9 +579,9 @@ struct Pickup {
     buckets: Vec<(f64, f64)>,
 }
 
-impl Pickup {
+impl Histo {
     /// The observations made between `before` and `self`.
-    fn since(&self, before: &Pickup) -> Pickup {
+    fn since(&self, before: &Histo) -> Histo {
         let buckets: Vec<(f64, f64)> = self
             .buckets
             .iter()
@@ -600,7 +600,7 @@ impl Pickup {
             .iter()
             .find(|(_, c)| count > 0.0 && *c >= 0.99 * count)
             .map_or(f64::NAN, |(le, _)| *le);
-        Pickup {
+        Histo {
             count,
             mean: if count > 0.0 { sum / count } else { f64::NAN },
             p99_at_most,
@@ -610,66 +610,118 @@ impl Pickup {
     }
 }
 
-/// What the controller's `/metrics` says so far: the sum of its bucket request counters, and
-/// its `cojob_tick_pickup_seconds` histogram.
-async fn controller_metrics(metrics: &str) -> anyhow::Result<(f64, Pickup)> {
+/// What the controller's `/metrics` says so far: the sum of its bucket request counters, its
+/// `cojob_tick_pickup_seconds` histogram and its `cojob_reconcile_duration_seconds` (how long
+/// its passes took).
+async fn controller_metrics(metrics: &str) -> anyhow::Result<(f64, Histo, Histo)> {
     let text = scrape(metrics).await?;
-    let (mut requests, mut h) = (0.0, Pickup::default());
+    let requests = text
+        .lines()
+        .filter(|l| l.starts_with("cojob_store_requests_total{"))
+        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
+        .sum();
+    let pickup = histogram(&text, "cojob_tick_pickup_seconds");
+    let passes = histogram(&text, "cojob_reconcile_duration_seconds");
+    for (h, name) in [
+        (&pickup, "cojob_tick_pickup_seconds"),
+        (&passes, "cojob_reconcile_duration_seconds"),
+    ] {
+        ensure!(
+            !h.buckets.is_empty(),
+            "the controller at {metrics} has no {name} (an older build?)"
+        );
+    }
+    Ok((requests, pickup, passes))
+}
+
+/// The histogram `name` (unlabelled) of a Prometheus text exposition, as it stands.
+fn histogram(text: &str, name: &str) -> Histo {
+    let mut h = Histo::default();
     for line in text.lines() {
-        let Some((name, value)) = line.rsplit_once(' ') else {
+        let Some((key, value)) = line.rsplit_once(' ') else {
             continue;
         };
         let Ok(value) = value.parse::<f64>() else {
             continue;
         };
-        if name.starts_with("cojob_store_requests_total{") {
-            requests += value;
-        } else if name == "cojob_tick_pickup_seconds_sum" {
+        let Some(rest) = key.strip_prefix(name) else {
+            continue;
+        };
+        if rest == "_sum" {
             h.sum = value;
-        } else if name == "cojob_tick_pickup_seconds_count" {
+        } else if rest == "_count" {
             h.count = value;
-        } else if let Some(le) = name
-            .strip_prefix("cojob_tick_pickup_seconds_bucket{le=\"")
+        } else if let Some(le) = rest
+            .strip_prefix("_bucket{le=\"")
             .and_then(|r| r.strip_suffix("\"}"))
         {
             h.buckets.push((le.parse().unwrap_or(f64::INFINITY), value));
         }
     }
-    ensure!(
-        !h.buckets.is_empty(),
-        "the controller at {metrics} has no cojob_tick_pickup_seconds (an older build?)"
-    );
-    Ok((requests, h))
+    h
 }
 
-/// API server requests dispatched so far, by who sent them: the cojob controller (its service
-/// account outside kube-system: flow schema `service-accounts`, which nothing else uses during
-/// the bench) and the kube-controller-manager (its controllers run under kube-system service
-/// accounts, plus its own identity; all of them, not only CronJob's and Job's).
-async fn api_requests() -> anyhow::Result<(f64, f64)> {
+/// The API server's counters for one client: requests dispatched, and the seconds they
+/// waited in its priority-and-fairness queues (with how many waits were measured).
+#[derive(Debug, Default, Clone, Copy)]
+struct ApiCounters {
+    dispatched: f64,
+    wait_seconds: f64,
+    waits: f64,
+}
+
+impl ApiCounters {
+    /// The mean queue wait per request between `before` and `self`, in milliseconds.
+    fn mean_wait_ms_since(&self, before: &ApiCounters) -> f64 {
+        let waits = self.waits - before.waits;
+        if waits > 0.0 {
+            1000.0 * (self.wait_seconds - before.wait_seconds) / waits
+        } else {
+            f64::NAN
+        }
+    }
+}
+
+/// API server requests dispatched so far, and their queue waits, by who sent them: the cojob
+/// controller (its service account outside kube-system: flow schema `service-accounts`, which
+/// nothing else uses during the bench) and the kube-controller-manager (its controllers run
+/// under kube-system service accounts, plus its own identity; all of them, not only CronJob's
+/// and Job's).
+async fn api_requests() -> anyhow::Result<(ApiCounters, ApiCounters)> {
     let text = cojob_e2e::run_tool("kubectl", &["get", "--raw", "/metrics"])
         .await
         .context("scraping the API server's /metrics")?;
-    let (mut cojob, mut kcm) = (0.0, 0.0);
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_flowcontrol_dispatched_requests_total{"))
-    {
-        let Some(value) = line
+    Ok(api_counters(&text))
+}
+
+/// [`api_requests`] from the API server's metrics text.
+fn api_counters(text: &str) -> (ApiCounters, ApiCounters) {
+    let (mut cojob, mut kcm) = (ApiCounters::default(), ApiCounters::default());
+    for line in text.lines() {
+        let Some((key, value)) = line
             .rsplit_once(' ')
-            .and_then(|(_, v)| v.parse::<f64>().ok())
+            .and_then(|(k, v)| Some((k, v.parse::<f64>().ok()?)))
         else {
             continue;
         };
-        if line.contains("flow_schema=\"service-accounts\"") {
-            cojob += value;
-        } else if line.contains("flow_schema=\"kube-system-service-accounts\"")
-            || line.contains("flow_schema=\"kube-controller-manager\"")
+        let who = if key.contains("flow_schema=\"service-accounts\"") {
+            &mut cojob
+        } else if key.contains("flow_schema=\"kube-system-service-accounts\"")
+            || key.contains("flow_schema=\"kube-controller-manager\"")
         {
-            kcm += value;
+            &mut kcm
+        } else {
+            continue;
+        };
+        if key.starts_with("apiserver_flowcontrol_dispatched_requests_total{") {
+            who.dispatched += value;
+        } else if key.starts_with("apiserver_flowcontrol_request_wait_duration_seconds_sum{") {
+            who.wait_seconds += value;
+        } else if key.starts_with("apiserver_flowcontrol_request_wait_duration_seconds_count{") {
+            who.waits += value;
         }
     }
-    Ok((cojob, kcm))
+    (cojob, kcm)
 }
 
 /// The first tick of `*/every * * * *` after `t`.
@@ -731,7 +783,23 @@ struct SizeResult {
     machine_busy: f64,
     /// Seconds from a tick to the start of the controller's pass that decided it (the wait in
     /// its work queue, plus the requeue's own timer), from `cojob_tick_pickup_seconds`.
-    tick_pickup: Pickup,
+    tick_pickup: Histo,
+    /// How long the controller's passes took (`cojob_reconcile_duration_seconds`); empty in
+    /// reports from before it was measured.
+    #[serde(default)]
+    pass_duration: Histo,
+    /// The mean wait of the controller's API requests in the API server's
+    /// priority-and-fairness queues, in milliseconds (NaN: not measured).
+    #[serde(default = "nan", deserialize_with = "nan_if_null")]
+    controller_api_wait_ms: f64,
+    /// The same for the kube-controller-manager's.
+    #[serde(default = "nan", deserialize_with = "nan_if_null")]
+    kube_controller_manager_api_wait_ms: f64,
+}
+
+/// NaN, for figures missing from older reports.
+fn nan() -> f64 {
+    f64::NAN
 }
 
 /// Every object of `api`, read in pages of 500 (at N = 10 000 a namespace holds tens of
@@ -798,9 +866,10 @@ struct Costs {
     machine_busy: f64,
     machine_total: f64,
     bucket_requests: f64,
-    pickup: Pickup,
-    controller_api: f64,
-    kcm_api: f64,
+    pickup: Histo,
+    passes: Histo,
+    controller_api: ApiCounters,
+    kcm_api: ApiCounters,
 }
 
 impl Costs {
@@ -809,7 +878,7 @@ impl Costs {
         let (kcm_cpu, _) = process_cost(is_kube_controller_manager);
         let (shared_cpu, _) = process_cost(is_shared_component);
         let (machine_busy, machine_total) = machine_cpu();
-        let (bucket_requests, pickup) = controller_metrics(metrics).await?;
+        let (bucket_requests, pickup, passes) = controller_metrics(metrics).await?;
         let (controller_api, kcm_api) = api_requests().await?;
         Ok(Costs {
             controller_process: process_identity(is_cojob_controller),
@@ -821,6 +890,7 @@ impl Costs {
             machine_total,
             bucket_requests,
             pickup,
+            passes,
             controller_api,
             kcm_api,
         })
@@ -1155,6 +1225,15 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         } else {
             after.pickup.since(&before.pickup)
         },
+        pass_duration: if restarted {
+            after.passes.since(&after.passes)
+        } else {
+            after.passes.since(&before.passes)
+        },
+        controller_api_wait_ms: after
+            .controller_api
+            .mean_wait_ms_since(&before.controller_api),
+        kube_controller_manager_api_wait_ms: after.kcm_api.mean_wait_ms_since(&before.kcm_api),
         controller_restarted: restarted,
         shared_cpu_seconds_per_tick: (after.shared_cpu - before.shared_cpu) / per_tick,
         machine_busy: if after.machine_total > before.machine_total {
@@ -1178,8 +1257,12 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         controller_rss_bytes: after.controller_rss,
         kube_controller_manager_cpu_seconds_per_tick: (after.kcm_cpu - before.kcm_cpu) / per_tick,
         bucket_requests_per_run: own((after.bucket_requests - before.bucket_requests) / runs),
-        controller_api_requests_per_tick: (after.controller_api - before.controller_api) / per_tick,
-        kube_controller_manager_api_requests_per_tick: (after.kcm_api - before.kcm_api) / per_tick,
+        controller_api_requests_per_tick: (after.controller_api.dispatched
+            - before.controller_api.dispatched)
+            / per_tick,
+        kube_controller_manager_api_requests_per_tick: (after.kcm_api.dispatched
+            - before.kcm_api.dispatched)
+            / per_tick,
     })
 }
 
@@ -1286,11 +1369,42 @@ fn tables(results: &[SizeResult]) -> String {
             r.machine_busy * 100.0
         ));
     }
+    t.push_str(&passes_table(results));
     t.push_str(&by_tick_table(results));
     for r in results.iter().filter(|r| r.controller_restarted) {
         t.push_str(&format!(
             "\nN = {} ({:?} nodes): the cojob controller restarted during the window, so its CPU, bucket requests and tick pickup are not known (NaN); its memory is the restarted process's.\n",
             r.n, r.nodes
+        ));
+    }
+    t
+}
+
+/// The controller's passes and how long the API server queued each kind's requests, for the
+/// sizes that measured them (empty if none did).
+fn passes_table(results: &[SizeResult]) -> String {
+    let measured: Vec<&SizeResult> = results
+        .iter()
+        .filter(|r| r.pass_duration.count > 0.0)
+        .collect();
+    if measured.is_empty() {
+        return String::new();
+    }
+    let mut t = String::from(
+        "\nThe controller's passes (`cojob_reconcile_duration_seconds`) and the API server's queue wait per request (priority and fairness):\n\n\
+         | N | kind | passes per tick | pass duration mean / p99 ≤ (s) | API queue wait per request, mean (ms), cojob controller / kube-controller-manager |\n\
+         |---|---|---|---|---|\n",
+    );
+    for r in measured {
+        t.push_str(&format!(
+            "| {} | {} | {:.0} | {:.3} / {} | {:.1} / {:.1} |\n",
+            r.n,
+            cojob_label(r),
+            r.pass_duration.count / f64::from(r.ticks.max(1)),
+            r.pass_duration.mean,
+            r.pass_duration.p99_at_most,
+            r.controller_api_wait_ms,
+            r.kube_controller_manager_api_wait_ms,
         ));
     }
     t
@@ -1595,17 +1709,17 @@ mod tests {
 
     #[test]
     fn the_pickup_histogram_is_the_difference_over_the_window() {
-        let before = Pickup {
+        let before = Histo {
             count: 10.0,
             sum: 1.0,
             buckets: vec![(0.1, 10.0), (1.0, 10.0), (f64::INFINITY, 10.0)],
-            ..Pickup::default()
+            ..Histo::default()
         };
-        let after = Pickup {
+        let after = Histo {
             count: 110.0,
             sum: 21.0,
             buckets: vec![(0.1, 60.0), (1.0, 108.0), (f64::INFINITY, 110.0)],
-            ..Pickup::default()
+            ..Histo::default()
         };
         let window = after.since(&before);
         assert_eq!(window.count, 100.0);
@@ -1614,6 +1728,51 @@ mod tests {
         assert_eq!(window.p99_at_most, f64::INFINITY);
         let nothing = after.since(&after);
         assert!(nothing.mean.is_nan() && nothing.p99_at_most.is_nan());
+    }
+
+    #[test]
+    fn histograms_and_queue_waits_are_read_from_the_metrics_text() {
+        let controller = "\
+# TYPE cojob_reconcile_duration_seconds histogram
+cojob_reconcile_duration_seconds_sum 3.5
+cojob_reconcile_duration_seconds_count 7
+cojob_reconcile_duration_seconds_bucket{le=\"0.5\"} 6
+cojob_reconcile_duration_seconds_bucket{le=\"+Inf\"} 7
+cojob_tick_pickup_seconds_sum 9.0
+cojob_tick_pickup_seconds_count 1
+cojob_tick_pickup_seconds_bucket{le=\"+Inf\"} 1
+";
+        let passes = histogram(controller, "cojob_reconcile_duration_seconds");
+        assert_eq!((passes.count, passes.sum), (7.0, 3.5));
+        assert_eq!(passes.buckets, vec![(0.5, 6.0), (f64::INFINITY, 7.0)]);
+        let window = passes.since(&Histo::default());
+        assert!((window.mean - 0.5).abs() < 1e-9);
+        assert_eq!(window.p99_at_most, f64::INFINITY);
+        let pickup = histogram(controller, "cojob_tick_pickup_seconds");
+        assert_eq!((pickup.count, pickup.sum), (1.0, 9.0));
+
+        let server = |cojob_waited: f64, cojob_waits: f64| {
+            format!(
+                "\
+apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"service-accounts\",priority_level=\"workload-low\"}} {cojob_waits}
+apiserver_flowcontrol_request_wait_duration_seconds_sum{{execute=\"true\",flow_schema=\"service-accounts\",priority_level=\"workload-low\"}} {cojob_waited}
+apiserver_flowcontrol_request_wait_duration_seconds_count{{execute=\"true\",flow_schema=\"service-accounts\",priority_level=\"workload-low\"}} {cojob_waits}
+apiserver_flowcontrol_request_wait_duration_seconds_bucket{{execute=\"true\",flow_schema=\"service-accounts\",priority_level=\"workload-low\",le=\"+Inf\"}} {cojob_waits}
+apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"kube-controller-manager\",priority_level=\"workload-high\"}} 40
+apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"kube-system-service-accounts\",priority_level=\"workload-high\"}} 60
+apiserver_flowcontrol_request_wait_duration_seconds_sum{{execute=\"true\",flow_schema=\"kube-system-service-accounts\",priority_level=\"workload-high\"}} 0.1
+apiserver_flowcontrol_request_wait_duration_seconds_count{{execute=\"true\",flow_schema=\"kube-system-service-accounts\",priority_level=\"workload-high\"}} 100
+apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"exempt\",priority_level=\"exempt\"}} 999
+"
+            )
+        };
+        let (co_before, kcm) = api_counters(&server(1.0, 100.0));
+        let (co_after, _) = api_counters(&server(3.0, 300.0));
+        assert_eq!(co_after.dispatched - co_before.dispatched, 200.0);
+        assert!((co_after.mean_wait_ms_since(&co_before) - 10.0).abs() < 1e-9);
+        assert_eq!(kcm.dispatched, 100.0);
+        assert!((kcm.mean_wait_ms_since(&ApiCounters::default()) - 1.0).abs() < 1e-9);
+        assert!(kcm.mean_wait_ms_since(&kcm).is_nan());
     }
 
     fn sample(owner: &str, tick: &str, unit: &str, created: &str) -> Sample {
