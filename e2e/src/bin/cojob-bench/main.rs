@@ -1295,9 +1295,12 @@ fn plot_point(r: &SizeResult) -> plots::Point {
 }
 
 /// cojob's figure over CronJob's; a negative cojob figure (pods created ahead of the tick, with
-/// `--prestart`) has no ratio, and says so.
+/// `--prestart`) has no ratio, and says so, nor has a figure that was not measured (NaN: no pod
+/// of that kind started in the window, for example).
 fn ratio(a: f64, b: f64) -> String {
-    if a < 0.0 {
+    if a.is_nan() || b.is_nan() {
+        format!("none ({a} vs {b})")
+    } else if a < 0.0 {
         format!("ahead ({a} s vs {b} s)")
     } else if b > 0.0 {
         format!("{:.2}", a / b)
@@ -1687,6 +1690,8 @@ mod tests {
         assert_eq!(ratio(-2.0, 3.0), "ahead (-2 s vs 3 s)");
         assert_eq!(ratio(2.0, 4.0), "0.50");
         assert_eq!(ratio(0.0, 0.0), "= (both 0)");
+        assert_eq!(ratio(1470.0, f64::NAN), "none (1470 vs NaN)");
+        assert_eq!(ratio(f64::NAN, 3.0), "none (NaN vs 3)");
     }
 
     #[test]
