@@ -271,7 +271,7 @@ struct Sample {
 }
 
 /// The figures of one kind at one size.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Figures {
     pods: usize,
     dispatch: Stats,
@@ -283,6 +283,11 @@ struct Figures {
     unspawned: usize,
     /// Runs that took more than one attempt's lease (cojob: epoch above 1; CronJob: 0).
     respawned: usize,
+    /// Of those, the runs on a new attempt (attempt above 1: a start timeout, or a failure
+    /// retried); the others were taken over within their attempt (a lease that expired).
+    /// `None` in reports from before it was counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    new_attempts: Option<usize>,
     /// The dispatch lag of each tick of the window, in order (empty in reports from before
     /// it was kept): whether a tail comes from one tick (the first, say) or from all.
     #[serde(default)]
@@ -290,7 +295,7 @@ struct Figures {
 }
 
 /// One tick's dispatch lag: its objects' first pods created minus the tick.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct TickLag {
     tick: DateTime<Utc>,
     dispatch: Stats,
@@ -298,7 +303,7 @@ struct TickLag {
     late: usize,
 }
 
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Stats {
     #[serde(deserialize_with = "nan_if_null")]
     p50: f64,
@@ -408,6 +413,7 @@ fn figures(
         misses,
         unspawned: unspawned.len(),
         respawned,
+        new_attempts: None,
         by_tick,
     }
 }
@@ -1172,6 +1178,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     let co_owners: Vec<String> = (0..n).map(|i| format!("co-{i}")).collect();
     // What the controller recorded: succeeded runs by tick, and runs of more than one epoch.
     let (mut served, mut co_decided, mut respawned) = (BTreeSet::new(), BTreeSet::new(), 0);
+    let mut new_attempts = 0;
     for job in list_all(&cojobs).await? {
         let status = job.data.get("status").cloned().unwrap_or_default();
         for list in ["active", "recent"] {
@@ -1191,6 +1198,9 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
                 };
                 if run.get("epoch").and_then(Value::as_i64).unwrap_or(0) > 1 {
                     respawned += 1;
+                    if run.get("attempt").and_then(Value::as_i64).unwrap_or(1) > 1 {
+                        new_attempts += 1;
+                    }
                 }
                 if run.get("phase").and_then(Value::as_str) == Some("succeeded") {
                     served.insert((job.name_any(), tick));
@@ -1199,7 +1209,8 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
             }
         }
     }
-    let co_figures = figures(&co, &co_owners, &ticks, &served, &co_decided, respawned);
+    let mut co_figures = figures(&co, &co_owners, &ticks, &served, &co_decided, respawned);
+    co_figures.new_attempts = Some(new_attempts);
     let cron_decided: BTreeSet<(String, DateTime<Utc>)> = scheduled.values().cloned().collect();
     let runs = co_figures.pods.max(1) as f64;
     let per_tick = f64::from(ticks_n);
@@ -1346,7 +1357,7 @@ fn tables(results: &[SizeResult]) -> String {
                 f.duplicates,
                 f.misses,
                 f.unspawned,
-                f.respawned
+                respawned_cell(f)
             ));
         }
     }
@@ -1411,6 +1422,18 @@ fn passes_table(results: &[SizeResult]) -> String {
         ));
     }
     t
+}
+
+/// The respawned runs, split into new attempts and takeovers where the report counted them.
+fn respawned_cell(f: &Figures) -> String {
+    match f.new_attempts {
+        Some(new) if f.respawned > 0 => format!(
+            "{} ({new} new attempts, {} takeovers)",
+            f.respawned,
+            f.respawned.saturating_sub(new)
+        ),
+        _ => f.respawned.to_string(),
+    }
 }
 
 /// How the tables name the nodes of a size.
@@ -1811,6 +1834,26 @@ apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"exempt\",priority
         assert_eq!(f.misses, 1);
         assert_eq!(f.unspawned, 1);
         assert_eq!(f.respawned, 1);
+        assert_eq!(
+            respawned_cell(&f),
+            "1",
+            "not split: new attempts not counted"
+        );
+        let split = Figures {
+            respawned: 3224,
+            new_attempts: Some(453),
+            ..f.clone()
+        };
+        assert_eq!(
+            respawned_cell(&split),
+            "3224 (453 new attempts, 2771 takeovers)"
+        );
+        let none = Figures {
+            respawned: 0,
+            new_attempts: Some(0),
+            ..f.clone()
+        };
+        assert_eq!(respawned_cell(&none), "0");
         // b's duplicate (created 3 s after the tick) is not its tick's lag: its first pod's is.
         assert_eq!(f.dispatch.max, 2.0);
         assert!(f.start.p50.is_nan(), "no pod started");
