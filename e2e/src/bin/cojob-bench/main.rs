@@ -621,23 +621,20 @@ impl Histo {
 /// its passes took).
 async fn controller_metrics(metrics: &str) -> anyhow::Result<(f64, Histo, Histo)> {
     let text = scrape(metrics).await?;
-    let requests = text
-        .lines()
-        .filter(|l| l.starts_with("cojob_store_requests_total{"))
-        .filter_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()))
-        .sum();
-    let pickup = histogram(&text, "cojob_tick_pickup_seconds");
-    let passes = histogram(&text, "cojob_reconcile_duration_seconds");
-    for (h, name) in [
-        (&pickup, "cojob_tick_pickup_seconds"),
-        (&passes, "cojob_reconcile_duration_seconds"),
-    ] {
+    let requests = cost::parse_store_requests(&text).0.total();
+    let read = |name: &str| {
+        let h = histogram(&text, name);
         ensure!(
             !h.buckets.is_empty(),
             "the controller at {metrics} has no {name} (an older build?)"
         );
-    }
-    Ok((requests, pickup, passes))
+        Ok(h)
+    };
+    Ok((
+        requests,
+        read("cojob_tick_pickup_seconds")?,
+        read("cojob_reconcile_duration_seconds")?,
+    ))
 }
 
 /// The histogram `name` (unlabelled) of a Prometheus text exposition, as it stands.
@@ -1223,6 +1220,13 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     }
     // What the controller's own counters give, unless they started again meanwhile.
     let own = |v: f64| if restarted { f64::NAN } else { v };
+    let own_window = |after: &Histo, before: &Histo| {
+        if restarted {
+            after.since(after)
+        } else {
+            after.since(before)
+        }
+    };
     Ok(SizeResult {
         measured: Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
         n,
@@ -1231,16 +1235,8 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         nodes,
         prestart_seconds: o.prestart,
         start_timeout_seconds: o.start_timeout,
-        tick_pickup: if restarted {
-            after.pickup.since(&after.pickup)
-        } else {
-            after.pickup.since(&before.pickup)
-        },
-        pass_duration: if restarted {
-            after.passes.since(&after.passes)
-        } else {
-            after.passes.since(&before.passes)
-        },
+        tick_pickup: own_window(&after.pickup, &before.pickup),
+        pass_duration: own_window(&after.passes, &before.passes),
         controller_api_wait_ms: after
             .controller_api
             .mean_wait_ms_since(&before.controller_api),
