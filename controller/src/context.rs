@@ -177,6 +177,14 @@ impl<'a> JobScope<'a> {
         self.ttl().max(start)
     }
 
+    /// Both ttls, for [`crate::run::quiet_until`].
+    pub fn lifetimes(&self) -> crate::run::Lifetimes {
+        crate::run::Lifetimes {
+            ttl: self.ttl(),
+            pending_ttl: self.pending_ttl(),
+        }
+    }
+
     /// The timing rules of this job's runs at the store clock's `now`.
     pub fn timing(&self) -> crate::run::Timing {
         crate::run::Timing {

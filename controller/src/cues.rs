@@ -12,24 +12,29 @@
 //!   one-shot job's run paid 1 GET for it). A finalizer of ours that someone removed is put
 //!   back by the next pass, which starts no run before it is back.
 //! - **A pod event that changed nothing reconcile acts on** ([`pod_wakes`]): the pod a pass
-//!   just created, its scheduling, its gate's removal, its start, its containers' progress, a
-//!   finalizer the controller released, and the deletion of a pod whose end was already a cue
-//!   (the history's pods, and a pod deleted after it ended: its result finalizer keeps it
-//!   until its outcome is recorded). What a pass acts on is how a pod ended or whether it can
-//!   still run ([`crate::sweeper::pod_view`]) and whether a live pod is being deleted: a change
-//!   of either is a cue, and so is a pod of an earlier attempt ending (the next attempt's pod
-//!   waits for it).
+//!   just created, its scheduling, its gate's removal, its containers' progress, a finalizer
+//!   the controller released, and the deletion of a pod whose end was already a cue (the
+//!   history's pods, and a pod deleted after it ended: its result finalizer keeps it until its
+//!   outcome is recorded). What a pass acts on is how a pod ended or whether it can still run
+//!   ([`crate::sweeper::pod_view`]), whether a live pod is being deleted, and whether its
+//!   workload started ([`workload_started`]): a change of any is a cue, and so is a pod of an
+//!   earlier attempt ending (the next attempt's pod waits for it).
 //!
-//! A run's move from `Pending` to `Running` in the job's status therefore shows at the next
-//! pass, within the sweep interval, not at the pod's start: the phase comes from the lease
-//! the sidecar writes, which a pass reads anyway.
+//! The workload's start is a cue because a pending attempt is quiet
+//! ([`crate::run::quiet_until`]): its pass shows the run `running` in the job's status as the
+//! workload starts, and from then on asks to come back when its sidecar's lease may have
+//! expired, not at a pending attempt's times. It costs one pass per run, the one that used to
+//! come with the next full sweep; a run whose workload ends within the debounce
+//! (`--reconcile-debounce`) of its start gets one pass for both.
 //!
 //! Nothing here is needed for safety: every pass re-reads the truth. An active run is passed
 //! over at least every sweep interval (and every third of its ttl) whatever the events,
-//! except a quiet one ([`crate::sweeper::focus`]: its sidecar renews and its pod lives), which
-//! is passed over at the latest when its lease may be taken over, a ttl plus the clock-skew
-//! allowance at most; its pod's end or deletion is a cue, and a relist of the pod watch wakes
-//! every run. Cues only decide how soon a pass follows a change.
+//! except a quiet one ([`crate::sweeper::focus`]: its pod lives and nothing is asked of it),
+//! which is passed over at the latest when a step may be due: for a running attempt, when its
+//! lease may be taken over, a ttl plus the clock-skew allowance at most; for a pending one,
+//! a ttl from the pass at most, since its sidecar may attach meanwhile. Its pod's end,
+//! deletion and workload start are cues, and a relist of the pod watch wakes every run. Cues
+//! only decide how soon a pass follows a change.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
@@ -84,6 +89,8 @@ pub fn job_cue(job: &CoordinatedJob) -> Option<u64> {
 #[derive(Debug, PartialEq, Eq)]
 struct Seen<'a> {
     view: PodView,
+    /// The workload started ([`workload_started`]).
+    started: bool,
     /// A live pod is being deleted (an ended one's deletion changes nothing).
     stopping: bool,
     labels: Option<&'a std::collections::BTreeMap<String, String>>,
@@ -94,6 +101,7 @@ fn seen(pod: &Pod) -> Seen<'_> {
     let view = pod_view(Some(pod));
     Seen {
         stopping: pod.metadata.deletion_timestamp.is_some() && view == PodView::Live,
+        started: workload_started(pod),
         view,
         labels: pod.metadata.labels.as_ref(),
         owners: pod
@@ -102,6 +110,36 @@ fn seen(pod: &Pod) -> Seen<'_> {
             .as_ref()
             .map(|o| o.iter().map(|r| r.uid.as_str()).collect()),
     }
+}
+
+/// True once one of the pod's own containers (not its sidecar, an init container) started:
+/// running, ended, or restarted. The workload's containers start only after the sidecar's
+/// start gate saw it attached ([`crate::pod`]), so by then the run's lease says `running`.
+///
+/// ```
+/// use cojob_controller::cues::workload_started;
+/// let pod = |state: serde_json::Value| -> k8s_openapi::api::core::v1::Pod {
+///     serde_json::from_value(serde_json::json!({
+///         "metadata": {"name": "r-1"},
+///         "status": {"phase": "Pending", "containerStatuses": [{"name": "main", "image": "b",
+///             "imageID": "", "ready": false, "restartCount": 0, "state": state}]}
+///     })).unwrap()
+/// };
+/// assert!(!workload_started(&pod(serde_json::json!({"waiting": {"reason": "PodInitializing"}}))));
+/// assert!(workload_started(&pod(serde_json::json!({"running": {}}))));
+/// ```
+pub fn workload_started(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.restart_count > 0
+                || c.state
+                    .as_ref()
+                    .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
+        })
 }
 
 /// True when a pod that went from `before` (`None`: not seen yet) to `after` changed something
@@ -120,7 +158,7 @@ fn seen(pod: &Pod) -> Seen<'_> {
 /// };
 /// assert!(!pod_wakes(None, &pod("Pending", None)), "the pass that created it is done");
 /// assert!(!pod_wakes(Some(&pod("Pending", None)), &pod("Pending", Some("n"))), "scheduled");
-/// assert!(!pod_wakes(Some(&pod("Pending", Some("n"))), &pod("Running", Some("n"))), "started");
+/// assert!(!pod_wakes(Some(&pod("Pending", Some("n"))), &pod("Running", Some("n"))), "no container yet");
 /// assert!(pod_wakes(Some(&pod("Running", Some("n"))), &pod("Succeeded", Some("n"))));
 /// assert!(pod_wakes(None, &pod("Succeeded", Some("n"))), "found ended");
 /// ```
@@ -208,7 +246,7 @@ mod tests {
         let a = pod("Running", None);
         assert!(
             !pod_wakes(Some(&pod("Pending", None)), &a),
-            "a start is no cue"
+            "a phase without a started container is no cue"
         );
         let mut b = a.clone();
         b.metadata.finalizers = None; // the controller released its finalizer
@@ -217,6 +255,58 @@ mod tests {
             spec.scheduling_gates = None; // the controller removed its gate
         }
         assert!(!pod_wakes(Some(&a), &b));
+    }
+
+    /// `pod` with its containers in `main` and its sidecar (an init container) in `sidecar`.
+    fn with_states(pod: &Pod, main: serde_json::Value, sidecar: serde_json::Value) -> Pod {
+        let mut value = serde_json::to_value(pod).unwrap();
+        let status = |name: &str, state: serde_json::Value| {
+            serde_json::json!([{"name": name, "image": "b", "imageID": "", "ready": false,
+                "restartCount": 0, "state": state}])
+        };
+        value["status"]["containerStatuses"] = status("main", main);
+        value["status"]["initContainerStatuses"] = status("cojob-sidecar", sidecar);
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn the_workloads_start_is_a_cue_and_the_sidecars_is_not() {
+        let base = pod("Pending", None);
+        let waiting = serde_json::json!({"waiting": {"reason": "PodInitializing"}});
+        let running = serde_json::json!({"running": {"startedAt": "2026-12-06T03:00:00Z"}});
+        let created = with_states(&base, waiting.clone(), waiting.clone());
+        let sidecar_up = with_states(&base, waiting.clone(), running.clone());
+        let workload_up = with_states(&pod("Running", None), running.clone(), running.clone());
+        assert!(
+            !pod_wakes(Some(&created), &sidecar_up),
+            "the sidecar started"
+        );
+        assert!(
+            pod_wakes(Some(&sidecar_up), &workload_up),
+            "the workload started"
+        );
+        assert!(!pod_wakes(Some(&workload_up), &workload_up.clone()));
+        // Seen for the first time already started (a relist, another replica's pod): the
+        // pass that created it did not see that.
+        assert!(
+            !pod_wakes(None, &workload_up),
+            "a live pod, new to the cache"
+        );
+        // A restart of a workload container is no second start.
+        let mut restarted = with_states(&pod("Running", None), waiting, running);
+        if let Some(c) = restarted
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+        {
+            c[0].restart_count = 1;
+        }
+        assert!(!pod_wakes(Some(&workload_up), &restarted));
+        // The pod cache's trimmed copy tells the same.
+        assert!(pod_wakes(
+            Some(&crate::pod_cache::trim(&sidecar_up)),
+            &crate::pod_cache::trim(&workload_up)
+        ));
     }
 
     #[test]

@@ -551,19 +551,36 @@ impl Timing {
     }
 
     fn start_overdue(&self, state: &RunState, clock: StartClock) -> bool {
-        let Some(since) = state
+        self.start_deadline(state, clock)
+            .is_some_and(|due| self.now >= due)
+    }
+
+    /// When the attempt in `state` fails for not having started, with its pod's start clock
+    /// ([`StartClock`]): `None` while no clock runs (its pod waits in a queue) or the state
+    /// does not say when it was dispatched.
+    ///
+    /// ```
+    /// use chrono::{TimeZone, Utc};
+    /// use cojob_controller::run::{RunState, StartClock, Timing};
+    /// let now = Utc.timestamp_opt(1_000, 0).unwrap();
+    /// let timing = Timing { now, skew_allowance: std::time::Duration::from_secs(5), start_timeout: std::time::Duration::from_secs(600) };
+    /// let state = RunState { dispatched_at: Some("1970-01-01T00:16:40Z".into()), ..RunState::default() };
+    /// assert_eq!(timing.start_deadline(&state, StartClock::FromDispatch), Some(now + chrono::Duration::seconds(600)));
+    /// assert_eq!(timing.start_deadline(&state, StartClock::Queued), None);
+    /// ```
+    pub fn start_deadline(
+        &self,
+        state: &RunState,
+        clock: StartClock,
+    ) -> Option<chrono::DateTime<chrono::Utc>> {
+        let since = state
             .dispatched_at
             .as_deref()
             .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
-            .and_then(|dispatched| clock.since(dispatched))
-        else {
-            return false;
-        };
+            .and_then(|dispatched| clock.since(dispatched))?;
         let timeout =
             chrono::Duration::from_std(self.start_timeout).unwrap_or(chrono::Duration::MAX);
-        since
-            .checked_add_signed(timeout)
-            .is_some_and(|due| self.now >= due)
+        since.checked_add_signed(timeout)
     }
 }
 
@@ -636,60 +653,100 @@ pub fn decide(
     }
 }
 
-/// Until when a run needs no pass unless one of its pods is a cue: its sidecar attached and
-/// renews, its pod lives and is not being deleted, and nothing is asked of it, so the only
-/// step a pass could take without a cue is the takeover, which [`decide`] allows from the
-/// lease's deadline plus the skew allowance on. A deadline more than `ttl` ahead (a node
-/// whose clock runs ahead) counts as `ttl` from now. `None` when a pass may have work sooner (a
-/// pending attempt, whose lease the controller renews; a stopping sidecar; a cancel) or the
-/// next step is not [`Step::Wait`].
+/// How long the leases of a job's attempts hold: what [`quiet_until`] trusts a deadline for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lifetimes {
+    /// The ttl a sidecar renews its lease for (`lease.ttlSeconds`).
+    pub ttl: std::time::Duration,
+    /// The ttl the controller holds a pending attempt's lease for: the longer of the ttl and
+    /// the start timeout.
+    pub pending_ttl: std::time::Duration,
+}
+
+/// Until when a run needs no pass unless one of its pods is a cue (its end, its deletion, its
+/// workload's start: [`crate::cues`]), for a run whose pod lives, is not being deleted, and of
+/// which nothing is asked (no cancel, no stopping sidecar), when the next step is
+/// [`Step::Wait`]. `None` when a pass may have work sooner, or the time has come.
 ///
-/// A sidecar's renewal only moves the deadline later, and a takeover by another controller
-/// only makes this one's pass find nothing to do, so the time is never too late. The sweeper
-/// skips the run's lease read until then ([`crate::sweeper::focus`]).
+/// - **Running** (its sidecar attached and renews): the only step a pass could take without a
+///   cue is the takeover, which [`decide`] allows from the lease's deadline plus the skew
+///   allowance on. A sidecar's renewal only moves the deadline later.
+/// - **Pending** (its workload has not started): the earliest of the takeover of the lease as
+///   it is; the attempt's start deadline ([`Timing::start_deadline`]; for a pod whose clock
+///   has not started, the start timeout from now, since its clock can only start later); and a
+///   ttl from now, since its sidecar may attach at any moment and a frozen one could be taken
+///   over a ttl plus the allowance after that (the allowance covers the sidecar's clock being
+///   behind). The controller's own renewal of the pending lease is the caller's to add
+///   ([`crate::sweeper`]).
+///
+/// A deadline more than its ttl ahead (a clock that runs ahead wrote it) counts as that ttl
+/// from now. A takeover by another controller only makes this one's pass find nothing to do,
+/// so the time is never too late. The sweeper skips the run's lease read until then
+/// ([`crate::sweeper::focus`]).
 ///
 /// ```
 /// use chrono::{TimeZone, Utc};
 /// use cojob::{LeaseInfo, Version};
-/// use cojob_controller::run::{quiet_until, Observed, PodView, Step, Timing};
+/// use cojob_controller::run::{quiet_until, Lifetimes, Observed, PodView, Step, Timing};
 /// use serde_json::json;
+/// use std::time::Duration;
 /// let now = Utc.timestamp_opt(1_000, 0).unwrap();
-/// let lease = LeaseInfo {
+/// let lease = |state: serde_json::Value, deadline_in: i64| LeaseInfo {
 ///     epoch: 1,
 ///     holder: Some("h".into()),
-///     deadline: now + chrono::Duration::seconds(40),
-///     state: json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "t"}),
+///     deadline: now + chrono::Duration::seconds(deadline_in),
+///     state,
 ///     version: Version { etag: Some("e".into()), generation: None },
 /// };
 /// let seen = Observed { current: PodView::Live, succeeded: None, predecessors_quiescent: true, pod_missing: false, start_clock: Default::default() };
-/// let timing = Timing { now, skew_allowance: std::time::Duration::from_secs(5), start_timeout: std::time::Duration::from_secs(600) };
-/// let ttl = std::time::Duration::from_secs(60);
-/// assert_eq!(quiet_until(&lease, &Step::Wait, &seen, &timing, ttl), Some(now + chrono::Duration::seconds(45)));
+/// let timing = Timing { now, skew_allowance: Duration::from_secs(5), start_timeout: Duration::from_secs(600) };
+/// let ttls = Lifetimes { ttl: Duration::from_secs(60), pending_ttl: Duration::from_secs(600) };
+/// let running = lease(json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "t"}), 40);
+/// assert_eq!(quiet_until(&running, &Step::Wait, &seen, &timing, ttls), Some(now + chrono::Duration::seconds(45)));
+/// // Its sidecar may attach any moment: a ttl from now.
+/// let pending = lease(json!({"status": "pending", "attempt": 1, "run_id": "r", "dispatched_at": "1970-01-01T00:16:40Z"}), 600);
+/// assert_eq!(quiet_until(&pending, &Step::Wait, &seen, &timing, ttls), Some(now + chrono::Duration::seconds(60)));
 /// ```
 pub fn quiet_until(
     lease: &LeaseInfo,
     step: &Step,
     seen: &Observed,
     timing: &Timing,
-    ttl: std::time::Duration,
+    lifetimes: Lifetimes,
 ) -> Option<chrono::DateTime<chrono::Utc>> {
     if *step != Step::Wait || lease.is_released() || seen.current != PodView::Live {
         return None;
     }
     let state = RunState::parse(&lease.state).ok()?;
-    if state.never_started()
-        || state.cancel_requested
-        || state.stopping_epoch == Some(lease.epoch)
-        || state.status != RunPhase::Running
-    {
+    if state.cancel_requested || state.stopping_epoch == Some(lease.epoch) {
         return None;
     }
-    // A deadline further than a ttl away was written by a clock that runs ahead: trust it no
-    // further than a renewal now could have set it.
-    let ttl = chrono::Duration::from_std(ttl).ok()?;
-    let deadline = lease.deadline.min(timing.now.checked_add_signed(ttl)?);
+    let after = |d: std::time::Duration| {
+        chrono::Duration::from_std(d)
+            .ok()
+            .and_then(|d| timing.now.checked_add_signed(d))
+    };
     let allowance = chrono::Duration::from_std(timing.skew_allowance).ok()?;
-    let until = deadline.checked_add_signed(allowance)?;
+    // The takeover of the lease as it is; a deadline further than its ttl away was written
+    // by a clock that runs ahead: trust it no further than a renewal now could have set it.
+    let takeover = |ttl: std::time::Duration| {
+        lease
+            .deadline
+            .min(after(ttl)?)
+            .checked_add_signed(allowance)
+    };
+    let until = if state.never_started() {
+        let start = timing
+            .start_deadline(&state, seen.start_clock)
+            .or_else(|| after(timing.start_timeout))?;
+        takeover(lifetimes.pending_ttl)?
+            .min(start)
+            .min(after(lifetimes.ttl)?)
+    } else if state.status == RunPhase::Running {
+        takeover(lifetimes.ttl)?
+    } else {
+        return None;
+    };
     (until > timing.now).then_some(until)
 }
 
@@ -877,7 +934,10 @@ mod tests {
         }
     }
 
-    const TTL: std::time::Duration = std::time::Duration::from_secs(30);
+    const TTL: Lifetimes = Lifetimes {
+        ttl: std::time::Duration::from_secs(30),
+        pending_ttl: std::time::Duration::from_secs(600),
+    };
 
     #[test]
     fn a_running_attempt_is_quiet_until_its_lease_may_be_taken_over() {
@@ -896,16 +956,6 @@ mod tests {
         };
         assert_eq!(decide(Some(&held), &live, &before), Ok(Step::Wait));
         // Nothing is quiet that a timer pass must look at sooner.
-        let pending = lease(
-            json!({"status": "pending", "attempt": 1, "run_id": "r"}),
-            Some("h"),
-            10,
-        );
-        assert_eq!(
-            quiet_until(&pending, &Step::Wait, &live, &t, TTL),
-            None,
-            "pending: the controller renews it"
-        );
         let stopping = lease(mark_stopping(&running, 2), Some("h"), 10);
         assert_eq!(
             quiet_until(&stopping, &Step::Wait, &live, &t, TTL),
@@ -953,6 +1003,94 @@ mod tests {
             quiet_until(&expired, &Step::Wait, &live, &t, TTL),
             None,
             "due now"
+        );
+    }
+
+    #[test]
+    fn a_pending_attempt_is_quiet_until_a_step_may_be_due() {
+        let t = timing();
+        let dispatched = now() - Duration::seconds(100);
+        let pending = |deadline_in: i64| {
+            lease(
+                json!({"status": "pending", "attempt": 1, "run_id": "r",
+                    "dispatched_at": cojob::json::format_time(dispatched)}),
+                Some("h"),
+                deadline_in,
+            )
+        };
+        let with_clock = |start_clock: StartClock| Observed {
+            start_clock,
+            ..seen(PodView::Live)
+        };
+        let quiet = |l: &LeaseInfo, clock: StartClock| {
+            quiet_until(l, &Step::Wait, &with_clock(clock), &t, TTL)
+        };
+        // A fresh pending lease: the sidecar may attach now, so a ttl from now.
+        let fresh = pending(600);
+        let in_ttl = now() + Duration::seconds(30);
+        assert_eq!(quiet(&fresh, StartClock::FromDispatch), Some(in_ttl));
+        assert_eq!(quiet(&fresh, StartClock::Queued), Some(in_ttl));
+        // Its start deadline first: 600 s from the dispatch, 100 s ago, against a ttl of 600.
+        let ttls = Lifetimes {
+            ttl: std::time::Duration::from_secs(600),
+            ..TTL
+        };
+        let at = |clock| quiet_until(&fresh, &Step::Wait, &with_clock(clock), &t, ttls);
+        let due = dispatched + Duration::seconds(600);
+        assert_eq!(at(StartClock::FromDispatch), Some(due));
+        // At that time decide fails the attempt; a millisecond before, it waits.
+        let late = |now| Timing { now, ..t };
+        let live = with_clock(StartClock::FromDispatch);
+        assert_eq!(
+            decide(Some(&fresh), &live, &late(due)),
+            Ok(Step::StartTimedOut)
+        );
+        assert_eq!(
+            decide(Some(&fresh), &live, &late(due - Duration::milliseconds(1))),
+            Ok(Step::Wait)
+        );
+        // A clock that started later moves it; a queued pod's clock can only start from now.
+        let bound = now() - Duration::seconds(10);
+        assert_eq!(
+            at(StartClock::Since(bound)),
+            Some(bound + Duration::seconds(600))
+        );
+        assert_eq!(at(StartClock::Queued), Some(now() + Duration::seconds(600)));
+        // Or the takeover of the pending lease as it is, when nothing renewed it.
+        let old = pending(20);
+        assert_eq!(
+            quiet(&old, StartClock::Queued),
+            Some(now() + Duration::seconds(25))
+        );
+        assert_eq!(
+            decide(Some(&old), &live, &late(now() + Duration::seconds(25))),
+            Ok(Step::Steal)
+        );
+        // A pending deadline written by a clock far ahead counts as the pending ttl from now.
+        let ahead = pending(5_000);
+        let far = Lifetimes {
+            ttl: std::time::Duration::from_secs(5_000),
+            pending_ttl: std::time::Duration::from_secs(50),
+        };
+        assert_eq!(
+            quiet_until(
+                &ahead,
+                &Step::Wait,
+                &with_clock(StartClock::Queued),
+                &t,
+                far
+            ),
+            Some(now() + Duration::seconds(55))
+        );
+        // Nothing is quiet that is overdue, asked to stop, or without a live pod.
+        assert_eq!(quiet(&pending(-5), StartClock::Queued), None, "due now");
+        let mut cancelled = fresh.clone();
+        cancelled.state["cancel_requested"] = json!(true);
+        assert_eq!(quiet(&cancelled, StartClock::Queued), None, "a cancel");
+        assert_eq!(
+            quiet_until(&fresh, &Step::Wait, &seen(PodView::Absent), &t, TTL),
+            None,
+            "no pod yet"
         );
     }
 

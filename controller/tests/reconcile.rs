@@ -1432,6 +1432,142 @@ async fn a_running_attempt_costs_no_lease_read_until_it_may_be_taken_over() {
     h.cleanup().await;
 }
 
+/// A pod that waits for a node leaves its attempt quiet: the controller reads its lease once
+/// per ttl (its sidecar may attach meanwhile, unseen), and renews it when a third of the
+/// pending ttl has passed, where a pass every sweep interval read it every second here. The
+/// workload's start is a cue: its pass shows the run running and leaves it quiet until its
+/// lease may be taken over.
+#[tokio::test]
+async fn a_pending_attempt_is_read_once_per_ttl_until_its_workload_starts() {
+    let h = Harness::new("it-pending-quiet").await;
+    h.create_job(
+        "wait",
+        json!({"lease": {"ttlSeconds": 30}, "startTimeoutSeconds": 3600}),
+    )
+    .await;
+    let cx = h.context(&Budget::unlimited()); // a sweep interval of 1 s
+    cx.focus.start();
+    let job = (h.ns.as_str(), "wait");
+    let requeue = |s: u64| kube::runtime::controller::Action::requeue(Duration::from_secs(s));
+    h.reconcile_with(&cx, "wait").await.unwrap();
+    let t0 = h.now();
+    assert_eq!(
+        h.lease("wait", "wait-once").await.unwrap().deadline,
+        t0 + chrono::Duration::seconds(3600),
+        "acquired for the pending ttl (the start timeout)"
+    );
+    // The first full sweep finds it pending: quiet for a ttl.
+    h.advance(Duration::from_secs(1));
+    let before = cx.db.store().stats();
+    let action = h.reconcile_with(&cx, "wait").await.unwrap();
+    assert_eq!(cx.db.store().stats().since(&before).gets(), 2);
+    assert_eq!(action, requeue(30));
+    // Passes in between, each a full sweep by the clock, leave it out.
+    for left in [20, 10] {
+        h.advance(Duration::from_secs(10));
+        let before = cx.db.store().stats();
+        let action = h.reconcile_with(&cx, "wait").await.unwrap();
+        assert_eq!(
+            cx.db.store().stats().since(&before).gets(),
+            1,
+            "the index, no lease"
+        );
+        assert_eq!(action, requeue(left));
+    }
+    // 25 minutes of waiting, the controller passing at the times it asks for.
+    let end = t0 + chrono::Duration::minutes(25);
+    let mut passes = 0u64;
+    let before = cx.db.store().stats();
+    loop {
+        let wait = cx
+            .focus
+            .until_due(job, ["wait-once"], h.now(), cx.settings.sweep_interval);
+        let at = h.now() + chrono::Duration::from_std(wait).unwrap();
+        if at >= end {
+            break;
+        }
+        h.advance((at - h.now()).to_std().unwrap());
+        h.reconcile_with(&cx, "wait").await.unwrap();
+        passes += 1;
+    }
+    let spent = cx.db.store().stats().since(&before);
+    println!(
+        "25 minutes pending at ttl 30 s: {passes} passes, {} gets, {} puts (a pass every sweep interval: 1 500 passes)",
+        spent.gets(),
+        spent.puts()
+    );
+    assert!((48..=50).contains(&passes), "{passes} passes");
+    assert_eq!(spent.gets(), 2 * passes, "the index and the lease per pass");
+    // One renewal, at a third of the pending ttl (1 200 s), in the pass due for it.
+    assert_eq!(spent.puts(), 1, "the pending lease's renewal");
+    let lease = h.lease("wait", "wait-once").await.unwrap();
+    assert_eq!((lease.epoch, state(&lease).attempt), (1, 1));
+    assert_eq!(
+        lease.deadline,
+        t0 + chrono::Duration::seconds(1200 + 3600),
+        "renewed at t0 + 1 200 s"
+    );
+    assert_eq!(status(&h.job("wait").await).active[0].phase, "pending");
+    // The workload starts: the cue's pass shows it running, quiet until the sidecar's
+    // deadline plus the allowance.
+    h.start_pod("wait-once-1").await;
+    h.sidecar_started("wait", "wait-once").await;
+    cx.focus.cue(job, "wait-once");
+    let before = cx.db.store().stats();
+    let action = h.reconcile_with(&cx, "wait").await.unwrap();
+    assert_eq!(cx.db.store().stats().since(&before).gets(), 2);
+    assert_eq!(action, requeue(35), "the ttl and the allowance");
+    assert_eq!(status(&h.job("wait").await).active[0].phase, "running");
+    h.cleanup().await;
+}
+
+/// A pending attempt's quiet time never outlasts what its sidecar may do unseen: one that
+/// attaches without a cue (a lost watch event) and then goes silent is found running by the
+/// pass a ttl after the last, and taken over at its lease's deadline plus the allowance.
+#[tokio::test]
+async fn a_sidecar_that_attaches_unseen_and_goes_silent_is_taken_over_in_time() {
+    let h = Harness::new("it-pending-unseen").await;
+    h.create_job(
+        "unseen",
+        json!({"maxAttempts": 2, "lease": {"ttlSeconds": 30}, "startTimeoutSeconds": 3600}),
+    )
+    .await;
+    let cx = h.context(&Budget::unlimited());
+    cx.focus.start();
+    let job = (h.ns.as_str(), "unseen");
+    let requeue = |s: u64| kube::runtime::controller::Action::requeue(Duration::from_secs(s));
+    h.reconcile_with(&cx, "unseen").await.unwrap();
+    h.advance(Duration::from_secs(1));
+    assert_eq!(h.reconcile_with(&cx, "unseen").await.unwrap(), requeue(30));
+    // 5 s later its sidecar attaches (deadline 35 s after the pass) and freezes; no cue.
+    h.advance(Duration::from_secs(5));
+    h.start_pod("unseen-once-1").await;
+    h.sidecar_started("unseen", "unseen-once").await;
+    let deadline = h.lease("unseen", "unseen-once").await.unwrap().deadline;
+    // At its quiet time the pass finds it running: quiet until the deadline plus 5 s.
+    h.advance(Duration::from_secs(25));
+    let action = h.reconcile_with(&cx, "unseen").await.unwrap();
+    assert_eq!(status(&h.job("unseen").await).active[0].phase, "running");
+    let due = deadline + chrono::Duration::seconds(5);
+    assert_eq!(
+        action,
+        requeue((due - h.now()).num_seconds().unsigned_abs())
+    );
+    let wait = cx
+        .focus
+        .until_due(job, ["unseen-once"], h.now(), cx.settings.sweep_interval);
+    h.advance(wait);
+    assert_eq!(h.now(), due);
+    h.reconcile_with(&cx, "unseen").await.unwrap();
+    let lease = h.lease("unseen", "unseen-once").await.unwrap();
+    assert_eq!(
+        (lease.epoch, state(&lease).attempt),
+        (2, 2),
+        "taken over at the deadline plus the allowance"
+    );
+    h.cleanup().await;
+}
+
 /// An hour-long run at the chart's defaults (ttl 60 s, sweep interval 10 s), its sidecar
 /// renewing every 20 s and the controller passing at the times it asks for: the lease is read
 /// once per 45 to 65 s (2/3 of the ttl plus the allowance to the ttl plus the allowance), not
@@ -1544,11 +1680,21 @@ async fn a_pod_cue_sweeps_only_its_run() {
     h.reconcile_with(&cx, "focus").await.unwrap();
     assert_eq!(gets("one cue", &before), 2, "the index and one lease");
 
-    // The full sweep is due after the sweep interval (a third of the ttl is longer here).
+    // The full sweep is due after the sweep interval (a third of the ttl is longer here). The
+    // cued run's pod waits for a node, and that pass left it quiet: its sidecar cannot attach
+    // unnoticed before a ttl has passed.
     h.advance(cx.settings.sweep_interval);
     let before = cx.db.store().stats();
     h.reconcile_with(&cx, "focus").await.unwrap();
-    assert_eq!(gets("full sweep", &before), 3, "the index and both leases");
+    assert_eq!(
+        gets("full sweep", &before),
+        2,
+        "the index and the lease not read since the dispatch"
+    );
+    h.advance(cx.settings.sweep_interval);
+    let before = cx.db.store().stats();
+    h.reconcile_with(&cx, "focus").await.unwrap();
+    assert_eq!(gets("full sweep", &before), 1, "both runs are quiet");
 
     // A run's pod ended: the pass its cue starts records it, and reads no other lease.
     h.finish_pod(&format!("{}-1", runs[0]), 0).await;

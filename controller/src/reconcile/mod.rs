@@ -50,7 +50,7 @@ use crate::index::{ActiveRun, Decision, FinishedRun, HistoryLimits, JobIndex};
 use crate::layout::run_id;
 use crate::pod::LABEL_JOB;
 use crate::schedule::{CatchUp, Schedule, ScheduleError};
-use crate::sweeper::focus::{Plan, Token};
+use crate::sweeper::focus::{Plan, Quiet, Token};
 use crate::sweeper::{self, RunPods, RunReport, SweepError};
 
 mod backfills;
@@ -430,7 +430,17 @@ async fn sweep(
     for run in runs {
         let synced =
             sweeper::sync_run(scope, run, pods.get(&run.run_id).unwrap_or(&empty), said).await;
-        let quiet = synced.as_ref().ok().and_then(|s| s.quiet_until);
+        let quiet = synced
+            .as_ref()
+            .ok()
+            .and_then(|s| match (s.quiet_until, &s.report) {
+                (Some(until), RunReport::Active { epoch, phase, .. }) => Some(Quiet {
+                    until,
+                    epoch: *epoch,
+                    phase: *phase,
+                }),
+                _ => None,
+            });
         scope.cx.focus.quiet(job, token, &run.run_id, quiet);
         match synced.map(|s| s.report) {
             Ok(RunReport::Active {
@@ -738,14 +748,15 @@ fn focus_runs(
     runs: &[ActiveRun],
     plan: &Plan,
 ) -> (Vec<ActiveRun>, Vec<RunStatus>) {
-    // True for a run this pass leaves out, as `status` shows it. A quiet run is running: a
-    // status that shows it otherwise is older (the job cache may lag the controller's own
-    // status write), so that run is swept.
+    // True for a run this pass leaves out, as `status` shows it. A status that shows a quiet
+    // run otherwise than its quiet pass reported it is older (the job cache may lag the
+    // controller's own status write), so that run is swept.
     let left_out = |run_id: &String, status: &RunStatus| match plan {
         Plan::All => false,
-        Plan::AllBut(quiet) => {
-            quiet.contains(run_id) && status.phase == crate::run::RunPhase::Running.as_str()
-        }
+        Plan::AllBut(quiet) => quiet.get(run_id).is_some_and(|q| {
+            status.phase == q.phase.as_str()
+                && u64::try_from(status.epoch).is_ok_and(|e| e == q.epoch)
+        }),
         Plan::Only(chosen) => !chosen.contains(run_id),
     };
     if *plan == Plan::All {

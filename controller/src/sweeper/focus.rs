@@ -12,13 +12,19 @@
 //!   ([`Focus::cue`], fed by the controller's pod watch), and reports the other runs as the
 //!   status last showed them; its requeue still aims at the next full sweep, so cues never
 //!   postpone one;
-//! - a run that is **quiet** ([`Focus::quiet`], from [`crate::run::quiet_until`]: its sidecar
-//!   attached and renews, its pod lives) is left out of the full sweeps that are only due by
-//!   the clock until its lease may have expired, unless one of its pods is a cue. Such a run
-//!   can only end by its pod's end (a cue) or need a takeover, which is not possible before
-//!   that time. A job whose active runs are all quiet is requeued for the first of their
-//!   times, not for the sweep interval, so a long run costs a lease read per ttl, not one per
-//!   sweep interval, and a lost one is taken over as soon as it may be.
+//! - a run that is **quiet** ([`Focus::quiet`], from [`crate::run::quiet_until`]: its pod
+//!   lives and nothing is asked of it) is left out of the full sweeps that are only due by the
+//!   clock until a step may be due, unless one of its pods is a cue. A running attempt (its
+//!   sidecar renews) can only end by its pod's end (a cue) or need a takeover, which is not
+//!   possible before its lease's deadline plus the skew allowance. A pending attempt (its
+//!   workload has not started) needs the controller at its start deadline, when its pending
+//!   lease is due for renewal, or once its sidecar attached, which its workload's start tells
+//!   (a cue; without it, a ttl after the pass). A job whose active runs are all quiet is
+//!   requeued for the first of their times, not for the sweep interval, so a long run costs a
+//!   lease read per ttl, not one per sweep interval, a pod that waits for a node costs one
+//!   per ttl or less, and a lost run is taken over as soon as it may be. The pass that made a
+//!   run quiet notes how it reported the run (its epoch and phase): a full sweep leaves the run
+//!   out only while the job's status shows it so.
 //!
 //! A job with **no active run** and nothing due has nothing to sweep: a pass that read its index,
 //! left it so and wrote the job's status notes when, and the object's resource version after that
@@ -54,12 +60,14 @@
 //! assert_eq!(focus.plan(("ns", "job"), soon, every, true), Plan::All);
 //! ```
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+
+use crate::run::RunPhase;
 
 /// A job, by namespace and name.
 pub type JobRef<'a> = (&'a str, &'a str);
@@ -70,8 +78,9 @@ pub enum Plan {
     /// Every active run.
     All,
     /// A full sweep due by the clock: every active run but these, which are quiet until later
-    /// and were not cued; they keep their last status.
-    AllBut(BTreeSet<String>),
+    /// and were not cued; they keep their last status if it shows them as their quiet pass
+    /// reported them.
+    AllBut(BTreeMap<String, Quiet>),
     /// Only these runs (those cued since the last sweep); the others keep their last status.
     Only(BTreeSet<String>),
 }
@@ -85,11 +94,25 @@ struct JobFocus {
     swept_all_at: Option<DateTime<Utc>>,
     /// Runs whose pods were cues since a pass last took them.
     cued: BTreeSet<String>,
-    /// Runs that need no pass before these times unless cued.
-    quiet: HashMap<String, DateTime<Utc>>,
+    /// Runs that need no pass before their times unless cued.
+    quiet: HashMap<String, Quiet>,
     /// When the last pass read the job's index and left the job without an active run, and
     /// the object's resource version once that pass wrote its status; cleared by the next plan.
     idle: Option<(DateTime<Utc>, String)>,
+}
+
+/// A run that needs no pass before `until` unless one of its pods is a cue
+/// ([`crate::run::quiet_until`]), and how the pass that found it so reported it: a status that
+/// shows the run at another epoch or phase is older than that pass (the job cache may lag the
+/// controller's own status write), so a pass that reads it sweeps the run rather than copy it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quiet {
+    /// Until when.
+    pub until: DateTime<Utc>,
+    /// The lease's epoch the pass read.
+    pub epoch: u64,
+    /// The run's phase the pass reported.
+    pub phase: RunPhase,
 }
 
 /// What a pass knew of its job's focus when it began ([`Focus::token`]); what it learnt is
@@ -167,7 +190,7 @@ impl Focus {
     /// cue that came meanwhile (the pass may have seen its pods before it), a token older than
     /// the last [`forget`](Self::forget) or a pod watch that is listing forgets it, so full
     /// sweeps include it again.
-    pub fn quiet(&self, job: JobRef<'_>, token: Token, run: &str, until: Option<DateTime<Utc>>) {
+    pub fn quiet(&self, job: JobRef<'_>, token: Token, run: &str, until: Option<Quiet>) {
         let Ok(mut jobs) = self.jobs.lock() else {
             return;
         };
@@ -223,11 +246,11 @@ impl Focus {
             return Plan::All;
         }
         if (now - at).to_std().unwrap_or_default() >= every {
-            let skipped: BTreeSet<String> = known
+            let skipped: BTreeMap<String, Quiet> = known
                 .quiet
                 .iter()
-                .filter(|(run, until)| **until > now && !cued.contains(*run))
-                .map(|(run, _)| run.clone())
+                .filter(|(run, q)| q.until > now && !cued.contains(*run))
+                .map(|(run, q)| (run.clone(), *q))
                 .collect();
             return if skipped.is_empty() {
                 Plan::All
@@ -238,7 +261,7 @@ impl Focus {
         let woken = known
             .quiet
             .iter()
-            .filter(|(_, until)| **until <= now)
+            .filter(|(_, q)| q.until <= now)
             .map(|(run, _)| run.clone());
         Plan::Only(cued.into_iter().chain(woken).collect())
     }
@@ -334,7 +357,7 @@ impl Focus {
         let mut next: Option<Duration> = None;
         for run in active {
             let wait = match known.quiet.get(run) {
-                Some(until) => (*until - now).to_std().unwrap_or_default(),
+                Some(q) => (q.until - now).to_std().unwrap_or_default(),
                 None => full,
             };
             next = Some(next.map_or(wait, |n| n.min(wait)));
@@ -370,6 +393,15 @@ mod tests {
         t0() + chrono::Duration::seconds(s)
     }
 
+    /// Quiet until `s` seconds after [`t0`], as a running attempt of epoch 1.
+    fn q(s: i64) -> Quiet {
+        Quiet {
+            until: at(s),
+            epoch: 1,
+            phase: RunPhase::Running,
+        }
+    }
+
     #[test]
     fn a_full_sweep_comes_every_interval_whatever_the_cues() {
         let (focus, job, every) = fed();
@@ -399,25 +431,27 @@ mod tests {
     fn a_quiet_run_is_left_out_of_timed_sweeps_until_its_time() {
         let (focus, job, every) = fed();
         let only = |runs: &[&str]| Plan::Only(runs.iter().map(|r| r.to_string()).collect());
-        let but = |runs: &[&str]| Plan::AllBut(runs.iter().map(|r| r.to_string()).collect());
+        let but = |runs: &[(&str, i64)]| {
+            Plan::AllBut(runs.iter().map(|(r, s)| (r.to_string(), q(*s))).collect())
+        };
         focus.swept_all(job, focus.token(job), at(0));
-        focus.quiet(job, focus.token(job), "long", Some(at(45)));
+        focus.quiet(job, focus.token(job), "long", Some(q(45)));
         // One of two runs is quiet: the job is due at the full sweep, which leaves it out.
         assert_eq!(
             focus.until_due(job, ["long", "new"], at(2), every),
             Duration::from_secs(8)
         );
-        assert_eq!(focus.plan(job, at(10), every, false), but(&["long"]));
+        assert_eq!(focus.plan(job, at(10), every, false), but(&[("long", 45)]));
         focus.swept_all(job, focus.token(job), at(10));
         // Every run is quiet: the job is due at the first quiet time, not at the interval.
-        focus.quiet(job, focus.token(job), "new", Some(at(30)));
+        focus.quiet(job, focus.token(job), "new", Some(q(30)));
         assert_eq!(
             focus.until_due(job, ["long", "new"], at(10), every),
             Duration::from_secs(20)
         );
         // A cue sweeps its run whatever its quiet time.
         focus.cue(job, "long");
-        assert_eq!(focus.plan(job, at(25), every, false), but(&["new"]));
+        assert_eq!(focus.plan(job, at(25), every, false), but(&[("new", 30)]));
         focus.swept_all(job, focus.token(job), at(25));
         // A quiet time that came is swept by the next pass, even between full sweeps.
         assert_eq!(focus.plan(job, at(30), every, false), only(&["new"]));
@@ -440,7 +474,7 @@ mod tests {
             "long is no longer known"
         );
         // Forgetting the job (a failed pass, a relist) forgets its quiet runs.
-        focus.quiet(job, focus.token(job), "new", Some(at(90)));
+        focus.quiet(job, focus.token(job), "new", Some(q(90)));
         focus.forget(job);
         focus.swept_all(job, focus.token(job), at(60));
         assert_eq!(focus.plan(job, at(70), every, false), Plan::All);
@@ -454,7 +488,7 @@ mod tests {
         assert_eq!(focus.plan(job, at(0), every, false), Plan::All);
         focus.forget(job);
         focus.swept_all(job, stale, at(0));
-        focus.quiet(job, stale, "r", Some(at(60)));
+        focus.quiet(job, stale, "r", Some(q(60)));
         assert_eq!(
             focus.plan(job, at(1), every, false),
             Plan::All,
@@ -466,7 +500,7 @@ mod tests {
         assert_eq!(focus.plan(job, at(2), every, false), Plan::All);
         focus.cue(job, "r");
         focus.swept_all(job, token, at(2));
-        focus.quiet(job, token, "r", Some(at(60)));
+        focus.quiet(job, token, "r", Some(q(60)));
         assert_eq!(
             focus.until_due(job, ["r"], at(3), every),
             Duration::from_secs(9)
@@ -479,7 +513,7 @@ mod tests {
         focus.stop();
         let token = focus.token(job);
         focus.swept_all(job, token, at(4));
-        focus.quiet(job, token, "r", Some(at(60)));
+        focus.quiet(job, token, "r", Some(q(60)));
         assert_eq!(focus.plan(job, at(20), every, false), Plan::All);
         assert_eq!(
             focus.until_due(job, ["r"], at(5), every),
@@ -490,7 +524,7 @@ mod tests {
         let token = focus.token(job);
         focus.swept_all(job, token, at(2));
         // Woken (a cancel): swept again by the full sweeps.
-        focus.quiet(job, token, "r", Some(at(60)));
+        focus.quiet(job, token, "r", Some(q(60)));
         focus.wake(job, "r");
         assert_eq!(focus.plan(job, at(12), every, false), Plan::All);
     }
@@ -528,7 +562,7 @@ mod tests {
         assert_eq!(focus.recorded_idle(job), None, "forgotten during the pass");
         // Quiet runs left by runs that left the index elsewhere go with the record.
         let token = focus.token(job);
-        focus.quiet(job, token, "gone", Some(at(60)));
+        focus.quiet(job, token, "gone", Some(q(60)));
         focus.idle(job, token, at(5), "1");
         assert_eq!(focus.idle_since(job, "1"), Some(at(5)));
         // While the pod watch lists again, and after it started again.

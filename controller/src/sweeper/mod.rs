@@ -1,8 +1,9 @@
 //! The sweeper: drives each active run one step along its lifecycle.
 //!
 //! Reconcile calls [`sync_run`] for every active run in the job's index at least every
-//! `--sweep-interval` (a run whose sidecar renews: once its lease may have expired,
-//! [`run::quiet_until`]), and in between for the runs whose pods changed ([`focus`]). It reads
+//! `--sweep-interval` (a quiet run, whose pod lives and of which nothing is asked: once a step
+//! may be due, [`run::quiet_until`]), and in between for the runs whose pods changed
+//! ([`focus`]). It reads
 //! the run's lease (one GET, never a listing), looks at the run's pods, picks the next step
 //! with [`run::decide`] and carries it out:
 //!
@@ -201,24 +202,26 @@ async fn decide(
 }
 
 /// Until when the run needs no pass unless its pods are cues ([`run::quiet_until`]), and not
-/// past its credentials' next renewal; `None` for a pod that is being deleted, or a time that
-/// has come (a renewal that failed is retried by the next full sweep).
+/// past its pending lease's renewal (`renewal`, [`keep_pending_alive`]) or its credentials'
+/// next renewal; `None` for a pod that is being deleted, or a time that has come (a renewal
+/// that failed is retried by the next full sweep).
 fn quiet_until(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: &LeaseInfo,
     seen: &Observed,
     pod: Option<&Pod>,
+    renewal: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Option<chrono::DateTime<chrono::Utc>> {
     if pod?.metadata.deletion_timestamp.is_some() {
         return None;
     }
     let timing = scope.timing();
-    let until = run::quiet_until(lease, &Step::Wait, seen, &timing, scope.ttl())?;
-    let until = match renew::due(scope, run, lease, pod) {
-        Some(due) => until.min(due),
-        None => until,
-    };
+    let until = run::quiet_until(lease, &Step::Wait, seen, &timing, scope.lifetimes())?;
+    let until = [renewal, renew::due(scope, run, lease, pod)]
+        .into_iter()
+        .flatten()
+        .fold(until, chrono::DateTime::min);
     (until > timing.now).then_some(until)
 }
 
@@ -263,9 +266,9 @@ pub async fn sync_run(
             finished(run, lease.as_ref(), &state)
         }
         (Step::Wait, Some(l)) => {
-            keep_pending_alive(scope, run, l, current).await?;
+            let renewal = keep_pending_alive(scope, run, l, current).await?;
             renew::credentials(scope, run, l, current).await?;
-            quiet = quiet_until(scope, run, l, &seen, current);
+            quiet = quiet_until(scope, run, l, &seen, current, renewal);
             active(lease.as_ref(), current)
         }
         (Step::CreatePod, Some(l)) => {
@@ -389,12 +392,16 @@ async fn steal(
 /// start timeout bounds it. The lease holds for the pending ttl (the longer of the ttl and the
 /// start timeout), and the renewal is due when a third of it has passed, so it costs one write
 /// every pending ttl/3 per pending run, and a pass may come that late without a takeover.
+///
+/// Returns when the next renewal is due, for an attempt this controller keeps alive (now, if
+/// the lease moved under it); `None` for one it does not (its pod runs, is being deleted, or
+/// the attempt started).
 async fn keep_pending_alive(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: &LeaseInfo,
     pod: Option<&Pod>,
-) -> Result<(), SweepError> {
+) -> Result<Option<chrono::DateTime<chrono::Utc>>, SweepError> {
     let waiting = match pod {
         Some(pod) => {
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -405,29 +412,40 @@ async fn keep_pending_alive(
     let pending = waiting
         && !lease.is_released()
         && RunState::parse(&lease.state).is_ok_and(|s| s.never_started());
-    if pending && let Some(pod) = pod {
+    if !pending {
+        return Ok(None);
+    }
+    if let Some(pod) = pod {
         // A crash may have come between creating the pod and its Secret or ungating it.
         holder::hand_to(scope, &run.run_id, lease.epoch, pod).await?;
     }
     let ttl = scope.pending_ttl();
-    let left = (lease.deadline - scope.cx.db.clock().now())
-        .to_std()
-        .unwrap_or_default();
-    if !pending || left > ttl * 2 / 3 {
-        return Ok(());
+    // Due once two thirds of the pending ttl are left.
+    let due_before = |deadline: chrono::DateTime<chrono::Utc>| {
+        chrono::Duration::from_std(ttl * 2 / 3)
+            .ok()
+            .and_then(|left| deadline.checked_sub_signed(left))
+    };
+    let now = scope.cx.db.clock().now();
+    let left = (lease.deadline - now).to_std().unwrap_or_default();
+    if left > ttl * 2 / 3 {
+        return Ok(due_before(lease.deadline));
     }
     let holder = holder::holder(scope, &run.run_id, lease.epoch);
     let key = scope.keys.lease(&run.run_id);
-    if let Some(mut handle) = scope.cx.db.attach_lease_from(&key, lease, &holder, ttl)? {
-        match handle.renew().await {
-            Ok(()) => {
-                tracing::debug!(job = %scope.name, run = %run.run_id, "renewed the lease of a pending attempt")
-            }
-            Err(e) if e.is_lease_lost() => {}
-            Err(e) => return Err(e.into()),
+    // Not this epoch's holder, or the lease moved since it was read: the next pass finds out
+    // how, and is due now.
+    let Some(mut handle) = scope.cx.db.attach_lease_from(&key, lease, &holder, ttl)? else {
+        return Ok(Some(now));
+    };
+    match handle.renew().await {
+        Ok(()) => {
+            tracing::debug!(job = %scope.name, run = %run.run_id, "renewed the lease of a pending attempt");
+            Ok(due_before(handle.deadline()))
         }
+        Err(e) if e.is_lease_lost() => Ok(Some(now)),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 fn active(lease: Option<&LeaseInfo>, pod: Option<&Pod>) -> RunReport {

@@ -29,6 +29,8 @@ use serde_json::Value;
 /// `e2e/bench/run` installs.
 const SWEEP_INTERVAL_S: f64 = 10.0;
 const SKEW_ALLOWANCE_S: f64 = 5.0;
+/// The CRD's default `startTimeoutSeconds`, which the bench's jobs keep.
+const START_TIMEOUT_S: f64 = 600.0;
 
 /// Bucket requests, by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -147,49 +149,54 @@ pub struct Timeline {
     pub sidecar: f64,
 }
 
-/// The controller's timer passes over a run whose pod, created at the dispatch, started its
-/// sidecar at `p` and ended at `e` seconds, at lease ttl `t`: `(fewest, most)`.
+/// The controller's passes over a run between its dispatch and its end, for a run whose pod,
+/// created at the dispatch, started its sidecar at `p` and ended at `e` seconds, at lease ttl
+/// `t`: `(fewest, most)`.
 ///
-/// A pending attempt is swept every `m = min(w, t/3)` from its dispatch; the first of those
-/// passes after its sidecar attached finds it running, and from then on it is quiet: the
-/// next pass is due at its lease's deadline plus the skew allowance `s`, which the sidecar's
-/// renewals (every `t/3`) keep `2t/3 + s` to `t + s` ahead of the pass that read it. The pod's
-/// end is a cue, so the pass that records the outcome is not a timer pass. A pod that ends
-/// before the first timer pass pays none. The timestamps are whole seconds, and the end's
-/// cue reaches its pass after the watch and the debounce (0.5 s), so the fewest takes `p` and
-/// `e` a second earlier, the most `p` a second later and `e` two.
+/// The first full sweep comes `m = min(w, t/3)` after the dispatch. A pass that finds the
+/// attempt pending leaves it quiet for a ttl (its sidecar may attach meanwhile), or a third of
+/// the pending ttl `max(t, start timeout)` when that is shorter. The workload's start is a cue:
+/// its pass finds the attempt running, and from then on it is quiet until its lease's deadline
+/// plus the skew allowance `s`, which the sidecar's renewals (every `t/3`) keep `2t/3 + s` to
+/// `t + s` ahead of the pass that read it. The pod's end is a cue, so the pass that records the
+/// outcome is not one of these. The kubelet may report a workload of a second or two started
+/// and ended at once (one pass for both), so the fewest leaves the start's pass out for such
+/// a run. The timestamps are whole seconds, and a cue reaches its pass after the watch and the
+/// debounce (0.5 s), so the fewest takes `p` and `e` a second earlier, the most `p` a second
+/// later and `e` two.
 ///
 /// ```text
-/// passes(2.0, 4.0, 30.0)    == (0, 0)          // ends before the first pass, at 10 s
-/// passes(1.0, 302.0, 30.0)  == (1 + 8, 1 + 11)  // a pass at 10 s, then every 25 to 35 s
+/// passes(2.0, 4.0, 30.0)    == (0, 1)          // the start's pass, unless the kubelet reports both at once
+/// passes(1.0, 302.0, 30.0)  == (1 + 8, 1 + 12)  // the start's pass, then one every 25 to 35 s
+/// passes(25.0, 40.0, 30.0)  == (2, 2)           // pending at the sweep at 10 s, then the start's
 /// ```
 pub fn passes(p: f64, e: f64, t: f64) -> (u64, u64) {
     let m = SWEEP_INTERVAL_S.min(t / 3.0);
-    let count = |p: f64, end: f64, quiet: f64| {
+    let pending_every = t.min(t.max(START_TIMEOUT_S) / 3.0);
+    let count = |p: f64, end: f64, quiet: f64, start_pass: bool| {
         let mut n = 0;
-        // Pending passes, up to the first at or after the attach.
+        // Passes over the pending attempt: the first full sweep, then its quiet times.
         let mut at = m;
-        while at < end {
+        while at < p.min(end) {
             n += 1;
-            if at >= p {
-                break;
-            }
-            at += m;
+            at += pending_every;
         }
-        if at >= end {
+        if p >= end {
             return n;
         }
-        // Quiet passes.
-        at += quiet;
+        // The pass its workload's start cues, then the running attempt's quiet times.
+        n += u64::from(start_pass);
+        let mut at = p + quiet;
         while at < end {
             n += 1;
             at += quiet;
         }
         n
     };
+    let (early_p, early_e) = ((p - 1.0).max(0.0), (e - 1.0).max(0.0));
     (
-        count((p - 1.0).max(0.0), (e - 1.0).max(0.0), t + SKEW_ALLOWANCE_S),
-        count(p + 1.0, e + 2.0, 2.0 * t / 3.0 + SKEW_ALLOWANCE_S),
+        count(early_p, early_e, t + SKEW_ALLOWANCE_S, e - p > 3.0),
+        count(p + 1.0, e + 2.0, 2.0 * t / 3.0 + SKEW_ALLOWANCE_S, true),
     )
 }
 
@@ -509,15 +516,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_short_run_pays_no_timer_pass_and_a_long_one_pays_its_quiet_passes() {
-        // Ends at 4 s (at most 6 s), before the first pass at 10 s.
-        assert_eq!(passes(2.0, 4.0, 30.0), (0, 0));
-        // The pass at 10 s finds it running; then one every 25 to 35 s until it ends.
-        assert_eq!(passes(1.0, 302.0, 30.0), (1 + 8, 1 + 11));
-        // At ttl 12 s a pod ended at 3 s may still be running at the first pass, at 4 s.
+    fn a_run_pays_the_pass_its_start_cues_and_its_quiet_passes() {
+        // Started at 2 s, ended at 4 s: the pass the workload's start cues, unless the kubelet
+        // reported the start with the end.
+        assert_eq!(passes(2.0, 4.0, 30.0), (0, 1));
+        // The start's pass finds it running; then one every 25 to 35 s until it ends.
+        assert_eq!(passes(1.0, 302.0, 30.0), (1 + 8, 1 + 12));
         assert_eq!(passes(0.0, 3.0, 12.0), (0, 1));
-        // Pending 25 s at ttl 12: passes at 4, 8, …, 24, and at 28 if it had started by then.
-        assert_eq!(passes(25.0, 27.0, 12.0), (6, 7));
+        // Pending 25 s at ttl 12: the full sweep at 4 s finds it pending, and leaves it quiet
+        // for a ttl: one more pass at 16 s, then the start's.
+        assert_eq!(passes(25.0, 27.0, 12.0), (2, 3));
+        assert_eq!(passes(25.0, 40.0, 30.0), (2, 2));
+        // Pending 10 minutes at ttl 60: a pass every minute, not every 10 s (60 passes).
+        assert_eq!(passes(600.0, 700.0, 60.0).1, 10 + 1 + 2);
     }
 
     #[test]
@@ -529,7 +540,7 @@ mod tests {
         };
         let (controller, sidecar) = formula(&run, 30.0);
         assert_eq!(controller.low.gets, 4.0 + 2.0 * 9.0);
-        assert_eq!(controller.high.gets, 4.0 + 2.0 * 12.0);
+        assert_eq!(controller.high.gets, 4.0 + 2.0 * 13.0);
         assert_eq!(controller.high.puts, 5.0);
         assert_eq!(
             (sidecar.low.puts, sidecar.high.puts),
