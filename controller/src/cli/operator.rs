@@ -42,8 +42,10 @@ pub struct ControllerArgs {
     /// The image of the lease sidecar injected into run pods (normally the controller's own).
     #[arg(long, env = "COJOB_SIDECAR_IMAGE")]
     pub sidecar_image: String,
-    /// How often the leases of active runs that are not quiet (pending attempts) are checked;
-    /// a running attempt's lease is checked when it may have expired.
+    /// How often the leases of active runs that are not quiet (just dispatched, cancelled,
+    /// stopping) are checked; a quiet run's lease is checked when a step may be due (a running
+    /// attempt's when it may have expired, a pending one's at the first of its start deadline,
+    /// its renewal and a ttl after the last check).
     #[arg(long, env = "COJOB_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub sweep_interval: Duration,
     /// How far a node's clock may run behind the controller's. A run's lease is taken over
