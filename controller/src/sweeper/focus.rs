@@ -185,12 +185,12 @@ impl Focus {
         }
     }
 
-    /// Notes that `run` needs no pass before `until` unless one of its pods is a cue
+    /// Notes that `run` needs no pass before `quiet.until` unless one of its pods is a cue
     /// ([`crate::run::quiet_until`]), as a pass that began with `token` found; `None`, a
     /// cue that came meanwhile (the pass may have seen its pods before it), a token older than
     /// the last [`forget`](Self::forget) or a pod watch that is listing forgets it, so full
     /// sweeps include it again.
-    pub fn quiet(&self, job: JobRef<'_>, token: Token, run: &str, until: Option<Quiet>) {
+    pub fn quiet(&self, job: JobRef<'_>, token: Token, run: &str, quiet: Option<Quiet>) {
         let Ok(mut jobs) = self.jobs.lock() else {
             return;
         };
@@ -198,9 +198,9 @@ impl Focus {
             return;
         };
         let fed = self.fed.load(Ordering::SeqCst);
-        match until {
-            Some(until) if fed && known.generation == token.0 && !known.cued.contains(run) => {
-                known.quiet.insert(run.to_owned(), until);
+        match quiet {
+            Some(quiet) if fed && known.generation == token.0 && !known.cued.contains(run) => {
+                known.quiet.insert(run.to_owned(), quiet);
             }
             _ => {
                 known.quiet.remove(run);

@@ -3,9 +3,8 @@
 //! Reconcile calls [`sync_run`] for every active run in the job's index at least every
 //! `--sweep-interval` (a quiet run, whose pod lives and of which nothing is asked: once a step
 //! may be due, [`run::quiet_until`]), and in between for the runs whose pods changed
-//! ([`focus`]). It reads
-//! the run's lease (one GET, never a listing), looks at the run's pods, picks the next step
-//! with [`run::decide`] and carries it out:
+//! ([`focus`]). It reads the run's lease (one GET, never a listing), looks at the run's pods,
+//! picks the next step with [`run::decide`] and carries it out:
 //!
 //! - **dispatch** ([`dispatch`]): derive the epoch's holder ([`holder`]), acquire a new epoch
 //!   with the [`run::acquire`] transition, and create the pod `<runId>-<epoch>`, then its holder
@@ -427,9 +426,9 @@ async fn keep_pending_alive(
             .and_then(|left| deadline.checked_sub_signed(left))
     };
     let now = scope.cx.db.clock().now();
-    let left = (lease.deadline - now).to_std().unwrap_or_default();
-    if left > ttl * 2 / 3 {
-        return Ok(due_before(lease.deadline));
+    let due = due_before(lease.deadline);
+    if due.is_some_and(|due| now < due) {
+        return Ok(due);
     }
     let holder = holder::holder(scope, &run.run_id, lease.epoch);
     let key = scope.keys.lease(&run.run_id);
