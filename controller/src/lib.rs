@@ -19,6 +19,7 @@ pub mod credentials;
 pub mod cues;
 pub mod fence;
 pub mod index;
+pub mod kube_requests;
 pub mod layout;
 pub mod leader;
 pub mod metrics;

@@ -132,6 +132,7 @@ pub struct Metrics {
     job_last_success: Family<JobLabels, Gauge<f64, AtomicU64>>,
     leader: Gauge,
     ready: AtomicBool,
+    kube_requests: crate::kube_requests::KubeRequests,
 }
 
 /// The bucket's request counters, read from the store's own at each scrape.
@@ -208,6 +209,7 @@ impl Metrics {
             job_last_success: Family::default(),
             leader: Gauge::default(),
             ready: AtomicBool::new(false),
+            kube_requests: Default::default(),
             registry: Registry::default(),
         };
         m.registry
@@ -271,7 +273,15 @@ impl Metrics {
         );
         m.registry
             .register_collector(Box::new(StoreRequests(store)));
+        m.registry
+            .register_collector(Box::new(m.kube_requests.clone()));
         m
+    }
+
+    /// The counter of this process's requests to the API server (`cojob_kube_requests_total`):
+    /// build the client with its [`layer`](crate::kube_requests::KubeRequests::layer).
+    pub fn kube_requests(&self) -> &crate::kube_requests::KubeRequests {
+        &self.kube_requests
     }
 
     /// A run's end was recorded by this controller, at `now` (Unix seconds).

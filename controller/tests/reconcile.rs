@@ -1353,6 +1353,97 @@ async fn store_requests_per_run_are_counted() {
     h.cleanup().await;
 }
 
+/// One pass of `name`, with the pod cache filled first as the controller's pod watch fills it
+/// (from what the API server holds): the API requests the pass sent, by `verb resource code`.
+async fn api_requests_of_a_pass(
+    h: &Harness,
+    cx: &std::sync::Arc<cojob_controller::context::Context>,
+    name: &str,
+    label: &str,
+) -> Vec<(String, u64)> {
+    use kube::runtime::watcher::Event;
+    let pods = h.pods().list(&Default::default()).await.unwrap();
+    cx.pod_cache.apply(&Event::Init);
+    for pod in pods {
+        cx.pod_cache.apply(&Event::InitApply(pod));
+    }
+    cx.pod_cache.apply(&Event::InitDone);
+    let before = cx.metrics.kube_requests().snapshot();
+    h.reconcile_with(cx, name).await.unwrap();
+    let spent: Vec<(String, u64)> = cx
+        .metrics
+        .kube_requests()
+        .snapshot()
+        .into_iter()
+        .map(|(v, r, c, n)| {
+            let was = before
+                .iter()
+                .find(|(bv, br, bc, _)| *bv == v && *br == r && *bc == c)
+                .map_or(0, |(.., b)| *b);
+            (format!("{v} {r} {c}"), n - was)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    println!("{label}: {spent:?}");
+    spent
+}
+
+/// The API requests of one run, from its dispatch to its end, by verb and resource, with the
+/// run's pods read from the watch-backed cache as the controller reads them
+/// (`cojob_kube_requests_total`; docs/benchmarks.md, "API requests per run"): 9 writes, and
+/// no read.
+#[tokio::test]
+async fn api_requests_per_run_are_counted() {
+    let h = Harness::new("it-api").await;
+    h.create_job("api", json!({})).await;
+    let cx = h.context(&Budget::unlimited());
+    cx.focus.start(); // what the controller's pod watch does
+    let job = (h.ns.as_str(), "api");
+    let spent = |list: &[(&str, u64)]| -> Vec<(String, u64)> {
+        list.iter().map(|(k, n)| (k.to_string(), *n)).collect()
+    };
+    // The dispatch: the pod, its holder Secret, its ungating, the status and the Event (and,
+    // once in the job's life, its finalizer).
+    assert_eq!(
+        api_requests_of_a_pass(&h, &cx, "api", "dispatch").await,
+        spent(&[
+            ("create events 201", 1),
+            ("create pods 201", 1),
+            ("create secrets 201", 1),
+            ("patch coordinatedjobs 200", 1),
+            ("patch coordinatedjobs/status 200", 1),
+            ("patch pods 200", 1),
+        ])
+    );
+    // The next full sweep: the run is quiet, nothing changed.
+    h.advance(cx.settings.sweep_interval);
+    assert_eq!(api_requests_of_a_pass(&h, &cx, "api", "idle").await, []);
+    // The workload started (a cue): the status shows it running.
+    h.start_pod("api-once-1").await;
+    h.sidecar_started("api", "api-once").await;
+    cx.focus.cue(job, "api-once");
+    assert_eq!(
+        api_requests_of_a_pass(&h, &cx, "api", "started").await,
+        spent(&[("patch coordinatedjobs/status 200", 1)])
+    );
+    // It ended (a cue): the status, the Event, and the pod's result finalizer, released once
+    // (before, the history's collection released it again, from the pass's older copy of the
+    // pod: a conflict).
+    h.finish_pod("api-once-1", 0).await;
+    cx.focus.cue(job, "api-once");
+    assert_eq!(
+        api_requests_of_a_pass(&h, &cx, "api", "ended").await,
+        spent(&[
+            ("create events 201", 1),
+            ("patch coordinatedjobs/status 200", 1),
+            ("patch pods 200", 1),
+        ])
+    );
+    h.advance(cx.settings.sweep_interval);
+    assert_eq!(api_requests_of_a_pass(&h, &cx, "api", "after").await, []);
+    h.cleanup().await;
+}
+
 /// A run whose sidecar attached and renews is left out of the timer's sweeps until its lease
 /// may have expired: its job is requeued for the lease's deadline plus the skew allowance, not
 /// for the sweep interval, and a pass in between reads the index but not the lease. At that
@@ -1377,12 +1468,14 @@ async fn a_running_attempt_costs_no_lease_read_until_it_may_be_taken_over() {
     h.reconcile_with(&cx, "quiet").await.unwrap();
     h.start_pod("quiet-once-1").await;
     h.sidecar_started("quiet", "quiet-once").await; // deadline: t0 + 30 s
-    // The next full sweep (the sweep interval is 1 s here) reads the lease and finds the run
-    // running: the job is due again at t0 + 30 s + the 5 s allowance.
+    // The workload's start is a cue (the dispatching pass left the run quiet): its pass reads
+    // the lease and finds the run running: the job is due again at t0 + 30 s + the 5 s
+    // allowance.
     h.advance(Duration::from_secs(1));
+    cx.focus.cue((h.ns.as_str(), "quiet"), "quiet-once");
     let before = cx.db.store().stats();
     let action = h.reconcile_with(&cx, "quiet").await.unwrap();
-    assert_eq!(gets("full sweep", &before), 2, "the index and the lease");
+    assert_eq!(gets("start's cue", &before), 2, "the index and the lease");
     assert_eq!(action, requeue(34), "not the sweep interval");
     // A status that does not show the run running is older (the job cache lags the
     // controller's own write): a timed sweep reads the lease rather than copy it.
@@ -1456,15 +1549,10 @@ async fn a_pending_attempt_is_read_once_per_ttl_until_its_workload_starts() {
         t0 + chrono::Duration::seconds(3600),
         "acquired for the pending ttl (the start timeout)"
     );
-    // The first full sweep finds it pending: quiet for a ttl.
-    h.advance(Duration::from_secs(1));
-    let before = cx.db.store().stats();
-    let action = h.reconcile_with(&cx, "wait").await.unwrap();
-    assert_eq!(cx.db.store().stats().since(&before).gets(), 2);
-    assert_eq!(action, requeue(30));
-    // Passes in between, each a full sweep by the clock, leave it out.
-    for left in [20, 10] {
-        h.advance(Duration::from_secs(10));
+    // The dispatching pass left it quiet for a ttl: passes in between, each a full sweep by
+    // the clock, leave it out (before, the first of them read its lease).
+    for (after, left) in [(1, 29), (10, 19), (10, 9)] {
+        h.advance(Duration::from_secs(after));
         let before = cx.db.store().stats();
         let action = h.reconcile_with(&cx, "wait").await.unwrap();
         assert_eq!(
@@ -1536,16 +1624,17 @@ async fn a_sidecar_that_attaches_unseen_and_goes_silent_is_taken_over_in_time() 
     cx.focus.start();
     let job = (h.ns.as_str(), "unseen");
     let requeue = |s: u64| kube::runtime::controller::Action::requeue(Duration::from_secs(s));
+    // The dispatching pass leaves it quiet for a ttl.
     h.reconcile_with(&cx, "unseen").await.unwrap();
     h.advance(Duration::from_secs(1));
-    assert_eq!(h.reconcile_with(&cx, "unseen").await.unwrap(), requeue(30));
-    // 5 s later its sidecar attaches (deadline 35 s after the pass) and freezes; no cue.
+    assert_eq!(h.reconcile_with(&cx, "unseen").await.unwrap(), requeue(29));
+    // 5 s later its sidecar attaches (deadline 36 s after the dispatch) and freezes; no cue.
     h.advance(Duration::from_secs(5));
     h.start_pod("unseen-once-1").await;
     h.sidecar_started("unseen", "unseen-once").await;
     let deadline = h.lease("unseen", "unseen-once").await.unwrap().deadline;
     // At its quiet time the pass finds it running: quiet until the deadline plus 5 s.
-    h.advance(Duration::from_secs(25));
+    h.advance(Duration::from_secs(24));
     let action = h.reconcile_with(&cx, "unseen").await.unwrap();
     assert_eq!(status(&h.job("unseen").await).active[0].phase, "running");
     let due = deadline + chrono::Duration::seconds(5);
@@ -1680,17 +1769,9 @@ async fn a_pod_cue_sweeps_only_its_run() {
     h.reconcile_with(&cx, "focus").await.unwrap();
     assert_eq!(gets("one cue", &before), 2, "the index and one lease");
 
-    // The full sweep is due after the sweep interval (a third of the ttl is longer here). The
-    // cued run's pod waits for a node, and that pass left it quiet: its sidecar cannot attach
-    // unnoticed before a ttl has passed.
-    h.advance(cx.settings.sweep_interval);
-    let before = cx.db.store().stats();
-    h.reconcile_with(&cx, "focus").await.unwrap();
-    assert_eq!(
-        gets("full sweep", &before),
-        2,
-        "the index and the lease not read since the dispatch"
-    );
+    // The full sweep is due after the sweep interval (a third of the ttl is longer here).
+    // Both runs' pods wait for a node: the passes that dispatched them left them quiet, and
+    // so did the cued pass its run; their sidecars cannot attach unnoticed before a ttl.
     h.advance(cx.settings.sweep_interval);
     let before = cx.db.store().stats();
     h.reconcile_with(&cx, "focus").await.unwrap();

@@ -280,9 +280,14 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         .verify_conditional_writes()
         .await
         .map_err(|e| refusal(&args.bucket, e))?;
-    let client = Client::try_default()
+    let metrics = Arc::new(crate::metrics::Metrics::new(db.store().clone()));
+    let config = kube::Config::infer()
         .await
-        .context("connecting to the Kubernetes API")?;
+        .context("finding the Kubernetes API (in-cluster, or KUBECONFIG)")?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .context("connecting to the Kubernetes API")?
+        .with_layer(&metrics.kube_requests().layer())
+        .build();
     let reporter = Reporter {
         controller: "cojob-controller".into(),
         instance: args.instance.clone(),
@@ -316,7 +321,6 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
         minter,
     };
     tracing::info!(?settings, namespace = ?args.namespace, "starting the cojob controller");
-    let metrics = Arc::new(crate::metrics::Metrics::new(db.store().clone()));
     crate::metrics::serve(args.metrics_addr, metrics.clone())
         .await
         .with_context(|| format!("serving metrics on {}", args.metrics_addr))?;

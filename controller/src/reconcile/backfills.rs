@@ -6,6 +6,7 @@ use crate::backfill::{BackfillProgress, BackfillRequest, MAX_TICKS, count_ticks}
 use crate::crd::BACKFILL_ANNOTATION_PREFIX;
 use crate::layout::check_trigger_key;
 use crate::run::RunState;
+use kube::runtime::events::EventType;
 use ticks::{claim_at, schedule_since, still_current};
 
 /// The most backfills driven in one pass.
@@ -162,7 +163,6 @@ pub(super) async fn finish(
     steps: Vec<Step>,
     index: &JobIndex,
     now: DateTime<Utc>,
-    said: &mut Announcements,
 ) -> Result<bool, Error> {
     let Some(schedule) = schedule else {
         return Ok(false);
@@ -196,16 +196,21 @@ pub(super) async fn finish(
         let known = step.version.map(|v| (before.clone(), v));
         let create = known.is_none().then(|| before.clone());
         let (after, _) = doc.update_from(known, advance, create).await?;
-        if after.done && !before.done {
-            said.normal(
-                "BackfillDone",
-                format!(
-                    "backfill {}: {} ticks ran, {} were decided before and kept their decision",
-                    step.id, after.ran, after.already_decided
-                ),
-            );
-        }
         if after.done {
+            // Published before its annotation goes, by every pass that removes it, not with
+            // the pass's other Events after it: a crash between the progress's write and the
+            // removal publishes it again, so it is never lost (at worst, said twice).
+            scope
+                .run_event(
+                    EventType::Normal,
+                    "BackfillDone",
+                    format!(
+                        "backfill {}: {} ticks ran, {} were decided before and kept their decision",
+                        step.id, after.ran, after.already_decided
+                    ),
+                    None,
+                )
+                .await;
             ended.push(format!("{BACKFILL_ANNOTATION_PREFIX}{}", step.id));
         } else if !after.all_decided(schedule, limit) {
             left = true;

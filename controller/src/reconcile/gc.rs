@@ -7,12 +7,15 @@ use super::*;
 /// deleted; quiescent pods of runs this index does not know are deleted once their lease shows
 /// the run is over (a pod that succeeded keeps its finalizer until its success is recorded).
 /// Live pods of unknown runs are left alone: another controller may have just started them
-/// and not yet shown us its index.
+/// and not yet shown us its index. The runs in `settled` ended in this pass, whose sweep
+/// released their quiescent pods' finalizers already: the pass's copies of those pods predate
+/// it, and a second release would only be refused as a conflict.
 pub(super) async fn collect_garbage(
     scope: &JobScope<'_>,
     index: &JobIndex,
     pods: &BTreeMap<String, RunPods>,
     dropped: &[FinishedRun],
+    settled: &BTreeSet<String>,
 ) -> Result<(), Error> {
     use sweeper::pods::{has_result_finalizer, release_finalizer};
     for (run, run_pods) in pods {
@@ -40,7 +43,7 @@ pub(super) async fn collect_garbage(
             continue;
         }
         for pod in quiescent {
-            if has_result_finalizer(pod) {
+            if has_result_finalizer(pod) && !settled.contains(run) {
                 release_finalizer(scope, pod).await?;
             }
             if !in_history || was_dropped {

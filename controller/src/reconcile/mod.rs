@@ -25,7 +25,7 @@
 //! Every write that matters is conditional in the bucket, so two controllers reconciling the
 //! same object at once stay correct without leader election.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -555,6 +555,9 @@ async fn sync(
     }
     active.extend(shown);
     let mut dropped = Vec::new();
+    // The runs this pass saw end: the sweeper released their pods' result finalizers, which
+    // the pass's copies of those pods still show.
+    let mut settled: BTreeSet<String> = finished.iter().map(|f| f.run_id.clone()).collect();
     if !finished.is_empty() {
         known = update_index(&doc, known, |i| {
             dropped = i.record_finished(&finished, limits);
@@ -642,8 +645,7 @@ async fn sync(
             })
             .await?;
         }
-        backfilling =
-            backfills::finish(scope, schedule, steps, &index_of(&known), now, said).await?;
+        backfilling = backfills::finish(scope, schedule, steps, &index_of(&known), now).await?;
     }
     let index = index_of(&known);
     let new_runs: Vec<ActiveRun> = index
@@ -658,6 +660,7 @@ async fn sync(
     let started = sweep(scope, token, &new_runs, &pods, said).await;
     active.extend(started.active);
     errors.extend(started.errors);
+    settled.extend(started.finished.iter().map(|f| f.run_id.clone()));
     if !started.finished.is_empty() {
         known = update_index(&doc, known, |i| {
             dropped.extend(i.record_finished(&started.finished, limits));
@@ -665,7 +668,7 @@ async fn sync(
         .await?;
     }
     let index = index_of(&known);
-    collect_garbage(scope, &index, &pods, &dropped).await?;
+    collect_garbage(scope, &index, &pods, &dropped, &settled).await?;
     active.retain(|a| index.active.iter().any(|r| r.run_id == a.run_id));
 
     let until_next =

@@ -5,7 +5,9 @@ use cojob::{Error as StoreError, LeaseInfo, LeaseOptions};
 use kube::ResourceExt;
 use kube::api::{ListParams, PostParams};
 
-use super::{RunPods, RunReport, SweepError, active, complete, finished, foreign, holder, now_str};
+use super::{
+    RunPods, RunReport, RunSynced, SweepError, active, complete, finished, foreign, holder, now_str,
+};
 use crate::announce::Announcements;
 use crate::context::JobScope;
 use crate::index::ActiveRun;
@@ -25,6 +27,23 @@ pub async fn dispatch(
     pods: &RunPods,
     said: &mut Announcements,
 ) -> Result<RunReport, SweepError> {
+    Ok(dispatch_synced(scope, run, prev, pods, said).await?.report)
+}
+
+/// [`dispatch`], with until when the run needs no pass: an attempt whose pod this pass created
+/// is quiet as a pending attempt is ([`crate::run::quiet_until`]), so the next full sweep
+/// leaves it out instead of reading the lease this pass just wrote.
+pub async fn dispatch_synced(
+    scope: &JobScope<'_>,
+    run: &ActiveRun,
+    prev: Option<&LeaseInfo>,
+    pods: &RunPods,
+    said: &mut Announcements,
+) -> Result<RunSynced, SweepError> {
+    let report = |report: RunReport| RunSynced {
+        report,
+        quiet_until: None,
+    };
     let db = &scope.cx.db;
     let key = scope.keys.lease(&run.run_id);
     let expected = prev.map_or(1, |l| l.epoch.saturating_add(1));
@@ -45,7 +64,7 @@ pub async fn dispatch(
         Ok(None) => {
             // Held by someone else and not expired: another controller is ahead of us.
             let now = db.inspect_lease(&key).await?;
-            return Ok(active(now.as_ref(), None));
+            return Ok(report(active(now.as_ref(), None)));
         }
         Err(StoreError::Aborted { source, .. }) => match source.downcast_ref::<Refusal>() {
             Some(Refusal::AlreadyDispatched) => {
@@ -54,7 +73,7 @@ pub async fn dispatch(
                     Some(lease) => lease,
                     None => {
                         let now = db.inspect_lease(&key).await?;
-                        return Ok(active(now.as_ref(), None));
+                        return Ok(report(active(now.as_ref(), None)));
                     }
                 }
             }
@@ -66,7 +85,7 @@ pub async fn dispatch(
                     .transpose()
                     .map_err(|r| foreign(&run.run_id, r))?
                     .unwrap_or_default();
-                return Ok(finished(run, now.as_ref(), &state));
+                return Ok(report(finished(run, now.as_ref(), &state)));
             }
             Some(other) => return Err(foreign(&run.run_id, other.clone())),
             None => return Err(StoreError::Aborted { key, source }.into()),
@@ -86,7 +105,7 @@ pub async fn dispatch(
             state: lease.state().clone(),
             version: lease.version().clone(),
         };
-        return Ok(finished(run, Some(&info), &state));
+        return Ok(report(finished(run, Some(&info), &state)));
     }
     if epoch != expected {
         // The lease moved between our read and our write (a rare race of three controller
@@ -95,7 +114,7 @@ pub async fn dispatch(
         tracing::info!(job = %scope.name, run = %run.run_id, epoch, expected, "the lease moved during the dispatch; released");
         lease.release(None).await?;
         let now = db.inspect_lease(&key).await?;
-        return Ok(active(now.as_ref(), None));
+        return Ok(report(active(now.as_ref(), None)));
     }
     let blocking: Vec<String> = pods
         .range(..epoch)
@@ -109,12 +128,12 @@ pub async fn dispatch(
             // the attempt with the API server's reason.
             Err(SweepError::PodRejected { pod, code, message }) => {
                 tracing::warn!(job = %scope.name, %pod, code, %message, "the API server refused the run's pod");
-                return Ok(RunReport::Active {
+                return Ok(report(RunReport::Active {
                     epoch,
                     attempt: state.attempt,
                     pod: None,
                     phase: state.status,
-                });
+                }));
             }
             Err(e) => return Err(e),
         }
@@ -166,11 +185,24 @@ pub async fn dispatch(
         said.run_normal(reason, note, &related);
     }
     tracing::info!(job = %scope.name, run = %run.run_id, epoch, attempt = state.attempt, waiting_for = ?blocking, "run dispatched");
-    Ok(RunReport::Active {
-        epoch,
-        attempt: state.attempt,
-        pod,
-        phase: state.status,
+    let quiet_until = pod.as_ref().and_then(|_| {
+        let held = LeaseInfo {
+            epoch,
+            holder: Some(cojob::holder_digest(lease.holder())),
+            deadline: lease.deadline(),
+            state: lease.state().clone(),
+            version: lease.version().clone(),
+        };
+        super::quiet_after_dispatch(scope, &held)
+    });
+    Ok(RunSynced {
+        report: RunReport::Active {
+            epoch,
+            attempt: state.attempt,
+            pod,
+            phase: state.status,
+        },
+        quiet_until,
     })
 }
 

@@ -224,6 +224,36 @@ fn quiet_until(
     (until > timing.now).then_some(until)
 }
 
+/// Until when a run whose pod the pass just created under `lease` (the epoch it acquired)
+/// needs no pass unless its pods are cues: as [`quiet_until`] would find it at the next full
+/// sweep, its pod live and waiting for a node. Its start clock is taken as running from the
+/// dispatch (the earliest it can start, [`run::StartClock::FromDispatch`]), and the pending
+/// lease's renewal is due a third of the pending ttl after this acquisition. `None` when the
+/// controller mints credentials: their renewal is timed from the pod's creation, which the
+/// next full sweep reads.
+fn quiet_after_dispatch(
+    scope: &JobScope<'_>,
+    lease: &LeaseInfo,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    if scope.cx.settings.minter.is_some() {
+        return None;
+    }
+    let seen = Observed {
+        current: run::PodView::Live,
+        succeeded: None,
+        predecessors_quiescent: true,
+        pod_missing: false,
+        start_clock: run::StartClock::FromDispatch,
+    };
+    let timing = scope.timing();
+    let until = run::quiet_until(lease, &Step::Wait, &seen, &timing, scope.lifetimes())?;
+    let renewal = chrono::Duration::from_std(scope.pending_ttl() * 2 / 3)
+        .ok()
+        .and_then(|left| lease.deadline.checked_sub_signed(left))?;
+    let until = until.min(renewal);
+    (until > timing.now).then_some(until)
+}
+
 /// Drives one active run a step forward; what to tell the user goes to `said`.
 pub async fn sync_run(
     scope: &JobScope<'_>,
@@ -255,7 +285,9 @@ pub async fn sync_run(
     let current = lease.as_ref().and_then(|l| pods.get(&l.epoch));
     let report = match (step, &lease) {
         (Step::Dispatch, _) | (_, None) => {
-            dispatch::dispatch(scope, run, lease.as_ref(), pods, said).await?
+            let synced = dispatch::dispatch_synced(scope, run, lease.as_ref(), pods, said).await?;
+            quiet = synced.quiet_until;
+            synced.report
         }
         (Step::Finished(state), _) => {
             // A pod created by a racing dispatch after the run ended, or left by a crash

@@ -227,9 +227,11 @@ impl Harness {
                 }
                 Ok(req)
             });
+        let metrics = Arc::new(cojob_controller::metrics::Metrics::new(db.store().clone()));
         let client = kube::client::ClientBuilder::try_from(self.config.clone())
             .unwrap()
             .with_layer(&filter)
+            .with_layer(&metrics.kube_requests().layer())
             .build();
         let reporter = Reporter {
             controller: "cojob-controller".into(),
@@ -250,7 +252,6 @@ impl Harness {
             minter: None,
         };
         tune(&mut settings);
-        let metrics = Arc::new(cojob_controller::metrics::Metrics::new(db.store().clone()));
         Arc::new(Context {
             run_events: cojob_controller::announce::RunEvents::new(
                 client.clone(),

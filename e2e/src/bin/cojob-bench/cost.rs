@@ -153,9 +153,10 @@ pub struct Timeline {
 /// created at the dispatch, started its sidecar at `p` and ended at `e` seconds, at lease ttl
 /// `t`: `(fewest, most)`.
 ///
-/// The first full sweep comes `m = min(w, t/3)` after the dispatch. A pass that finds the
-/// attempt pending leaves it quiet for a ttl (its sidecar may attach meanwhile), or a third of
-/// the pending ttl `max(t, start timeout)` when that is shorter. The workload's start is a cue:
+/// The dispatching pass leaves the attempt quiet, as does every later pass that finds it
+/// pending: for a ttl (its sidecar may attach meanwhile), or a third of the pending ttl
+/// `max(t, start timeout)` when that is shorter. So the full sweeps leave it out, and it is
+/// passed over every such period after the dispatch until it starts. The workload's start is a cue:
 /// its pass finds the attempt running, and from then on it is quiet until its lease's deadline
 /// plus the skew allowance `s`, which the sidecar's renewals (every `t/3`) keep `2t/3 + s` to
 /// `t + s` ahead of the pass that read it. The pod's end is a cue, so the pass that records the
@@ -168,15 +169,15 @@ pub struct Timeline {
 /// ```text
 /// passes(2.0, 4.0, 30.0)    == (0, 1)          // the start's pass, unless the kubelet reports both at once
 /// passes(1.0, 302.0, 30.0)  == (1 + 8, 1 + 12)  // the start's pass, then one every 25 to 35 s
-/// passes(25.0, 40.0, 30.0)  == (2, 2)           // pending at the sweep at 10 s, then the start's
+/// passes(25.0, 40.0, 30.0)  == (1, 1)           // the start's (the dispatch left it quiet for 30 s)
+/// passes(35.0, 50.0, 30.0)  == (2, 2)           // pending at 30 s, then the start's
 /// ```
 pub fn passes(p: f64, e: f64, t: f64) -> (u64, u64) {
-    let m = SWEEP_INTERVAL_S.min(t / 3.0);
     let pending_every = t.min(t.max(START_TIMEOUT_S) / 3.0);
     let count = |p: f64, end: f64, quiet: f64, start_pass: bool| {
         let mut n = 0;
-        // Passes over the pending attempt: the first full sweep, then its quiet times.
-        let mut at = m;
+        // Passes over the pending attempt, at its quiet times from the dispatch.
+        let mut at = pending_every;
         while at < p.min(end) {
             n += 1;
             at += pending_every;
@@ -523,10 +524,11 @@ mod tests {
         // The start's pass finds it running; then one every 25 to 35 s until it ends.
         assert_eq!(passes(1.0, 302.0, 30.0), (1 + 8, 1 + 12));
         assert_eq!(passes(0.0, 3.0, 12.0), (0, 1));
-        // Pending 25 s at ttl 12: the full sweep at 4 s finds it pending, and leaves it quiet
-        // for a ttl: one more pass at 16 s, then the start's.
-        assert_eq!(passes(25.0, 27.0, 12.0), (2, 3));
-        assert_eq!(passes(25.0, 40.0, 30.0), (2, 2));
+        // Pending 25 s at ttl 12: the dispatch left it quiet for a ttl; the passes at 12 s
+        // and 24 s find it pending (the second only if it started after 24 s), then the start's.
+        assert_eq!(passes(25.0, 27.0, 12.0), (1, 3));
+        assert_eq!(passes(25.0, 40.0, 30.0), (1, 1));
+        assert_eq!(passes(35.0, 50.0, 30.0), (2, 2));
         // Pending 10 minutes at ttl 60: a pass every minute, not every 10 s (60 passes).
         assert_eq!(passes(600.0, 700.0, 60.0).1, 10 + 1 + 2);
     }

@@ -616,12 +616,20 @@ impl Histo {
     }
 }
 
-/// What the controller's `/metrics` says so far: the sum of its bucket request counters, its
-/// `cojob_tick_pickup_seconds` histogram and its `cojob_reconcile_duration_seconds` (how long
-/// its passes took).
-async fn controller_metrics(metrics: &str) -> anyhow::Result<(f64, Histo, Histo)> {
+/// What the controller's `/metrics` says so far.
+struct ControllerMetrics {
+    /// The sum of its bucket request counters.
+    bucket_requests: f64,
+    /// `cojob_tick_pickup_seconds`.
+    pickup: Histo,
+    /// `cojob_reconcile_duration_seconds` (how long its passes took).
+    passes: Histo,
+    /// `cojob_kube_requests_total` by [`kube_requests`]' keys (empty from a build before it).
+    kube_requests: BTreeMap<String, f64>,
+}
+
+async fn controller_metrics(metrics: &str) -> anyhow::Result<ControllerMetrics> {
     let text = scrape(metrics).await?;
-    let requests = cost::parse_store_requests(&text).0.total();
     let read = |name: &str| {
         let h = histogram(&text, name);
         ensure!(
@@ -630,11 +638,47 @@ async fn controller_metrics(metrics: &str) -> anyhow::Result<(f64, Histo, Histo)
         );
         Ok(h)
     };
-    Ok((
-        requests,
-        read("cojob_tick_pickup_seconds")?,
-        read("cojob_reconcile_duration_seconds")?,
-    ))
+    Ok(ControllerMetrics {
+        bucket_requests: cost::parse_store_requests(&text).0.total(),
+        pickup: read("cojob_tick_pickup_seconds")?,
+        passes: read("cojob_reconcile_duration_seconds")?,
+        kube_requests: kube_requests(&text),
+    })
+}
+
+/// The controller's API requests (`cojob_kube_requests_total`) keyed `verb resource`, with the
+/// status appended where it is not a success (`create pods 409`): a conflict or a refusal is
+/// a cost of its own.
+fn kube_requests(text: &str) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("cojob_kube_requests_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| {
+                    kv.strip_prefix(name)?
+                        .strip_prefix("=\"")?
+                        .strip_suffix('"')
+                })
+                .unwrap_or("?")
+        };
+        let code = label("code");
+        let mut key = format!("{} {}", label("verb"), label("resource"));
+        if !code.starts_with('2') {
+            key = format!("{key} {code}");
+        }
+        *out.entry(key).or_insert(0.0) += value;
+    }
+    out
 }
 
 /// The histogram `name` (unlabelled) of a Prometheus text exposition, as it stands.
@@ -778,6 +822,10 @@ struct SizeResult {
     #[serde(deserialize_with = "nan_if_null")]
     bucket_requests_per_run: f64,
     controller_api_requests_per_tick: f64,
+    /// The controller's API requests per run in the window, by verb and resource (its own
+    /// `cojob_kube_requests_total`; empty in reports from before it, or if it restarted).
+    #[serde(default)]
+    controller_api_requests_per_run: BTreeMap<String, f64>,
     kube_controller_manager_api_requests_per_tick: f64,
     /// CPU seconds per tick of what both kinds share: API server, etcd, scheduler, kwok.
     shared_cpu_seconds_per_tick: f64,
@@ -871,6 +919,7 @@ struct Costs {
     bucket_requests: f64,
     pickup: Histo,
     passes: Histo,
+    kube_requests: BTreeMap<String, f64>,
     controller_api: ApiCounters,
     kcm_api: ApiCounters,
 }
@@ -881,7 +930,12 @@ impl Costs {
         let (kcm_cpu, _) = process_cost(is_kube_controller_manager);
         let (shared_cpu, _) = process_cost(is_shared_component);
         let (machine_busy, machine_total) = machine_cpu();
-        let (bucket_requests, pickup, passes) = controller_metrics(metrics).await?;
+        let ControllerMetrics {
+            bucket_requests,
+            pickup,
+            passes,
+            kube_requests,
+        } = controller_metrics(metrics).await?;
         let (controller_api, kcm_api) = api_requests().await?;
         Ok(Costs {
             controller_process: process_identity(is_cojob_controller),
@@ -894,6 +948,7 @@ impl Costs {
             bucket_requests,
             pickup,
             passes,
+            kube_requests,
             controller_api,
             kcm_api,
         })
@@ -1264,6 +1319,21 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         controller_rss_bytes: after.controller_rss,
         kube_controller_manager_cpu_seconds_per_tick: (after.kcm_cpu - before.kcm_cpu) / per_tick,
         bucket_requests_per_run: own((after.bucket_requests - before.bucket_requests) / runs),
+        controller_api_requests_per_run: if restarted {
+            BTreeMap::new()
+        } else {
+            after
+                .kube_requests
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        (v - before.kube_requests.get(k).unwrap_or(&0.0)) / runs,
+                    )
+                })
+                .filter(|(_, v)| *v > 0.0)
+                .collect()
+        },
         controller_api_requests_per_tick: (after.controller_api.dispatched
             - before.controller_api.dispatched)
             / per_tick,
@@ -1380,6 +1450,7 @@ fn tables(results: &[SizeResult]) -> String {
         ));
     }
     t.push_str(&passes_table(results));
+    t.push_str(&api_requests_table(results));
     t.push_str(&by_tick_table(results));
     for r in results.iter().filter(|r| r.controller_restarted) {
         t.push_str(&format!(
@@ -1417,6 +1488,50 @@ fn passes_table(results: &[SizeResult]) -> String {
             r.kube_controller_manager_api_wait_ms,
         ));
     }
+    t
+}
+
+/// The controller's API requests per run by verb and resource, one column per size that
+/// counted them (empty if none did).
+fn api_requests_table(results: &[SizeResult]) -> String {
+    let measured: Vec<&SizeResult> = results
+        .iter()
+        .filter(|r| !r.controller_api_requests_per_run.is_empty())
+        .collect();
+    if measured.is_empty() {
+        return String::new();
+    }
+    let keys: BTreeSet<&String> = measured
+        .iter()
+        .flat_map(|r| r.controller_api_requests_per_run.keys())
+        .collect();
+    let mut t = String::from(
+        "\nThe cojob controller's API requests per run (pod created in the window), by verb and resource (`cojob_kube_requests_total`; a status other than 2xx after the resource):\n\n| request |",
+    );
+    for r in &measured {
+        t.push_str(&format!(" N = {} ({}) |", r.n, nodes_label(r.nodes)));
+    }
+    t.push_str("\n|---|");
+    t.push_str(&"---|".repeat(measured.len()));
+    t.push('\n');
+    let row = |t: &mut String, name: &str, value: &dyn Fn(&SizeResult) -> f64| {
+        t.push_str(&format!("| {name} |"));
+        for r in &measured {
+            t.push_str(&format!(" {:.2} |", value(r)));
+        }
+        t.push('\n');
+    };
+    for key in keys {
+        row(&mut t, key, &|r: &SizeResult| {
+            r.controller_api_requests_per_run
+                .get(key)
+                .copied()
+                .unwrap_or(0.0)
+        });
+    }
+    row(&mut t, "**all**", &|r: &SizeResult| {
+        r.controller_api_requests_per_run.values().sum()
+    });
     t
 }
 
@@ -1799,6 +1914,29 @@ apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"exempt\",priority
         assert!(kcm.mean_wait_ms_since(&kcm).is_nan());
     }
 
+    #[test]
+    fn the_controllers_api_requests_are_read_by_verb_and_resource_with_failures_apart() {
+        let text = "\
+# HELP cojob_kube_requests Requests this process sent
+# TYPE cojob_kube_requests counter
+cojob_kube_requests_total{verb=\"create\",resource=\"pods\",code=\"201\"} 4
+cojob_kube_requests_total{verb=\"create\",resource=\"pods\",code=\"409\"} 1
+cojob_kube_requests_total{verb=\"patch\",resource=\"coordinatedjobs/status\",code=\"200\"} 8
+cojob_kube_requests_total{verb=\"get\",resource=\"pods\",code=\"error\"} 2
+cojob_store_requests_total{op=\"get\",outcome=\"ok\"} 99
+";
+        let read = kube_requests(text);
+        assert_eq!(
+            read.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("create pods".to_string(), 4.0),
+                ("create pods 409".into(), 1.0),
+                ("get pods error".into(), 2.0),
+                ("patch coordinatedjobs/status".into(), 8.0),
+            ]
+        );
+    }
+
     fn sample(owner: &str, tick: &str, unit: &str, created: &str) -> Sample {
         Sample {
             owner: owner.into(),
@@ -1917,6 +2055,21 @@ apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"exempt\",priority
             !tables(&results).contains("by tick"),
             "reports from before the lags by tick have no such table"
         );
+        assert!(
+            !tables(&results).contains("by verb and resource"),
+            "reports from before the API requests by verb have no such table"
+        );
+        results[0].controller_api_requests_per_run = [
+            ("create pods".to_string(), 1.0),
+            ("patch coordinatedjobs/status".into(), 2.5),
+        ]
+        .into();
+        let table = tables(&results);
+        assert!(
+            table.contains("| request | N = 10 (real) |\n|---|---|\n| create pods | 1.00 |\n| patch coordinatedjobs/status | 2.50 |\n| **all** | 3.50 |\n"),
+            "{table}"
+        );
+        results[0].controller_api_requests_per_run.clear();
         // A size that kept them has a row per kind, a column per tick.
         let lag = |p99: f64, late: usize| {
             json!({"tick": "2026-12-05T09:25:00Z", "dispatch": {"p50": -78.0, "p99": p99,
