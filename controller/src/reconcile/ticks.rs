@@ -139,10 +139,13 @@ pub(super) fn schedule_since(
 
 /// A quorum read of the object before anything is claimed for it: the informer's copy may lag,
 /// and a replica must not decide ticks for an object that was deleted, recreated (another
-/// UID), suspended or edited since. `false`: skip this pass; the watch brings the news.
+/// UID), suspended or edited since. `false`: skip this pass; the watch brings the news. Its
+/// metadata says all of that (a suspension or any other edit of the spec moves the
+/// generation), so only the metadata is read: the API server neither encodes nor sends the
+/// spec's pod template and the status, up to a mebibyte a job.
 pub(super) async fn still_current(scope: &JobScope<'_>) -> Result<bool, Error> {
     let api: Api<CoordinatedJob> = Api::namespaced(scope.cx.client.clone(), &scope.namespace);
-    let fresh = api.get_opt(&scope.name).await?;
+    let fresh = api.get_metadata_opt(&scope.name).await?;
     let current = fresh.as_ref().is_some_and(|f| {
         f.uid().as_deref() == Some(scope.uid.as_str())
             && f.metadata.deletion_timestamp.is_none()

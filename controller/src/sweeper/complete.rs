@@ -176,7 +176,11 @@ async fn after_record(
             .db
             .inspect_lease(&scope.keys.lease(&run.run_id))
             .await?;
-        return dispatch::dispatch(scope, run, released.as_ref(), pods, said).await;
+        return Ok(
+            dispatch::dispatch(scope, run, released.as_ref(), pods, said)
+                .await?
+                .report,
+        );
     }
     announce_end(said, run, &parsed, lease.epoch);
     let info = LeaseInfo {

@@ -15,25 +15,14 @@ use crate::pod::{LABEL_JOB, LABEL_RUN, RunIdentity, SidecarConfig};
 use crate::run::{self, Acquire, Refusal, RunState};
 
 /// Acquires a new epoch for `run` and spawns its pod once every older pod is quiescent. `prev`
-/// is the lease as last read.
+/// is the lease as last read. An attempt whose pod this pass created is quiet as a pending
+/// attempt is ([`crate::run::quiet_until`]), so the next full sweep leaves it out instead of
+/// reading the lease this pass just wrote.
 ///
 /// The holder is derived from the run and the epoch this dispatch expects
 /// ([`holder::holder`]); the acquisition's `dispatch` marker makes a second controller doing
 /// the same attach instead of taking another epoch.
 pub async fn dispatch(
-    scope: &JobScope<'_>,
-    run: &ActiveRun,
-    prev: Option<&LeaseInfo>,
-    pods: &RunPods,
-    said: &mut Announcements,
-) -> Result<RunReport, SweepError> {
-    Ok(dispatch_synced(scope, run, prev, pods, said).await?.report)
-}
-
-/// [`dispatch`], with until when the run needs no pass: an attempt whose pod this pass created
-/// is quiet as a pending attempt is ([`crate::run::quiet_until`]), so the next full sweep
-/// leaves it out instead of reading the lease this pass just wrote.
-pub async fn dispatch_synced(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     prev: Option<&LeaseInfo>,

@@ -285,7 +285,7 @@ pub async fn sync_run(
     let current = lease.as_ref().and_then(|l| pods.get(&l.epoch));
     let report = match (step, &lease) {
         (Step::Dispatch, _) | (_, None) => {
-            let synced = dispatch::dispatch_synced(scope, run, lease.as_ref(), pods, said).await?;
+            let synced = dispatch::dispatch(scope, run, lease.as_ref(), pods, said).await?;
             quiet = synced.quiet_until;
             synced.report
         }
@@ -405,7 +405,9 @@ async fn steal(
         }
         return Ok(active(Some(lease), current));
     }
-    let report = dispatch::dispatch(scope, run, Some(lease), pods, said).await?;
+    let report = dispatch::dispatch(scope, run, Some(lease), pods, said)
+        .await?
+        .report;
     let epoch = match &report {
         RunReport::Active { epoch, .. } => *epoch,
         RunReport::Finished(f) => f.epoch,
