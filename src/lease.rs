@@ -305,6 +305,32 @@ impl Lease {
         self.released
     }
 
+    /// The lease as this handle last wrote or saw it, as [`Db::inspect_lease`] would read it
+    /// then: the holder as its digest, `None` once released.
+    ///
+    /// ```
+    /// # tokio_test::block_on(async {
+    /// use cojob::{Db, LeaseOptions};
+    /// use std::time::Duration;
+    /// let db = Db::open("memory://").await?;
+    /// let mut lease = db.lease("l", LeaseOptions::new("w1", Duration::from_secs(30))).await?.unwrap();
+    /// let held = lease.info();
+    /// assert!(held.is_held_by("w1"));
+    /// assert_eq!(held.deadline, db.inspect_lease("l").await?.unwrap().deadline);
+    /// lease.release(None).await?;
+    /// assert!(lease.info().is_released());
+    /// # Ok::<(), cojob::Error>(()) });
+    /// ```
+    pub fn info(&self) -> LeaseInfo {
+        LeaseInfo {
+            epoch: self.doc.epoch,
+            holder: (!self.released).then(|| holder_digest(&self.holder)),
+            deadline: self.doc.deadline_at,
+            state: self.doc.state.clone(),
+            version: self.version.clone(),
+        }
+    }
+
     /// Heartbeat: extends the deadline to now + ttl. Absorbs cooperative writes.
     pub async fn renew(&mut self) -> Result<()> {
         self.guarded(true, Some(holder_digest(&self.holder)), |s| Ok(s.clone()))

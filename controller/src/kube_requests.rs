@@ -51,10 +51,11 @@ impl KubeRequests {
 
     /// How many requests were counted with these labels.
     pub fn get(&self, verb: &'static str, resource: &str, code: &str) -> u64 {
-        self.snapshot()
-            .into_iter()
-            .find(|(v, r, c, _)| *v == verb && r == resource && c == code)
-            .map_or(0, |(.., n)| n)
+        let counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts
+            .get(&(verb, resource.to_string(), code.to_string()))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Every series counted so far, as `(verb, resource, code, count)`, sorted.

@@ -87,14 +87,7 @@ pub async fn dispatch(
         // Out of attempts, or cancelled: recorded by this acquisition; release at once.
         lease.release(None).await?;
         complete::announce_end(said, run, &state, epoch);
-        let info = LeaseInfo {
-            epoch,
-            holder: None,
-            deadline: lease.deadline(),
-            state: lease.state().clone(),
-            version: lease.version().clone(),
-        };
-        return Ok(report(finished(run, Some(&info), &state)));
+        return Ok(report(finished(run, Some(&lease.info()), &state)));
     }
     if epoch != expected {
         // The lease moved between our read and our write (a rare race of three controller
@@ -174,16 +167,9 @@ pub async fn dispatch(
         said.run_normal(reason, note, &related);
     }
     tracing::info!(job = %scope.name, run = %run.run_id, epoch, attempt = state.attempt, waiting_for = ?blocking, "run dispatched");
-    let quiet_until = pod.as_ref().and_then(|_| {
-        let held = LeaseInfo {
-            epoch,
-            holder: Some(cojob::holder_digest(lease.holder())),
-            deadline: lease.deadline(),
-            state: lease.state().clone(),
-            version: lease.version().clone(),
-        };
-        super::quiet_after_dispatch(scope, &held)
-    });
+    let quiet_until = pod
+        .as_ref()
+        .and_then(|_| super::quiet_after_dispatch(scope, &lease.info()));
     Ok(RunSynced {
         report: RunReport::Active {
             epoch,

@@ -246,12 +246,20 @@ fn quiet_after_dispatch(
         start_clock: run::StartClock::FromDispatch,
     };
     let timing = scope.timing();
-    let until = run::quiet_until(lease, &Step::Wait, &seen, &timing, scope.lifetimes())?;
-    let renewal = chrono::Duration::from_std(scope.pending_ttl() * 2 / 3)
-        .ok()
-        .and_then(|left| lease.deadline.checked_sub_signed(left))?;
-    let until = until.min(renewal);
+    let until = run::quiet_until(lease, &Step::Wait, &seen, &timing, scope.lifetimes())?
+        .min(pending_renewal_due(scope, lease.deadline)?);
     (until > timing.now).then_some(until)
+}
+
+/// When the lease of a pending attempt that holds until `deadline` is due for renewal: once
+/// two thirds of the pending ttl are left ([`keep_pending_alive`]).
+fn pending_renewal_due(
+    scope: &JobScope<'_>,
+    deadline: chrono::DateTime<chrono::Utc>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    chrono::Duration::from_std(scope.pending_ttl() * 2 / 3)
+        .ok()
+        .and_then(|left| deadline.checked_sub_signed(left))
 }
 
 /// Drives one active run a step forward; what to tell the user goes to `said`.
@@ -453,14 +461,8 @@ async fn keep_pending_alive(
         holder::hand_to(scope, &run.run_id, lease.epoch, pod).await?;
     }
     let ttl = scope.pending_ttl();
-    // Due once two thirds of the pending ttl are left.
-    let due_before = |deadline: chrono::DateTime<chrono::Utc>| {
-        chrono::Duration::from_std(ttl * 2 / 3)
-            .ok()
-            .and_then(|left| deadline.checked_sub_signed(left))
-    };
     let now = scope.cx.db.clock().now();
-    let due = due_before(lease.deadline);
+    let due = pending_renewal_due(scope, lease.deadline);
     if due.is_some_and(|due| now < due) {
         return Ok(due);
     }
@@ -474,7 +476,7 @@ async fn keep_pending_alive(
     match handle.renew().await {
         Ok(()) => {
             tracing::debug!(job = %scope.name, run = %run.run_id, "renewed the lease of a pending attempt");
-            Ok(due_before(handle.deadline()))
+            Ok(pending_renewal_due(scope, handle.deadline()))
         }
         Err(e) if e.is_lease_lost() => Ok(Some(now)),
         Err(e) => Err(e.into()),
