@@ -784,6 +784,20 @@ fn next_tick(t: DateTime<Utc>, every: u32) -> DateTime<Utc> {
     tick
 }
 
+/// The first tick a size measures, for objects that all exist at `created`: at least `room`
+/// after it (its costs are counted from before its work begins), and never the objects' first
+/// tick, so that every window starts with a tick's backlog of both kinds behind it, as on a
+/// cluster whose jobs have run for a while. Which tick came first used to depend on when in
+/// the interval the objects happened to be created.
+fn first_measured_tick(
+    created: DateTime<Utc>,
+    room: chrono::Duration,
+    every: u32,
+) -> DateTime<Utc> {
+    let their_second = next_tick(created, every) + chrono::Duration::minutes(i64::from(every));
+    next_tick(created + room, every).max(their_second)
+}
+
 /// The cron expression of a tick every `every` minutes.
 fn schedule(every: u32) -> String {
     if every == 1 {
@@ -1080,7 +1094,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     // At least 5 s after the last object exists, so that every object sees the first tick;
     // with a prestart, its whole prestart and `lead` too, so that the count misses none of it.
     let room = chrono::Duration::seconds(5) + if o.prestart > 0 { lead + ahead } else { ahead };
-    let first = next_tick(created_all.max(now) + room, every);
+    let first = first_measured_tick(created_all.max(now), room, every);
     let ticks: Vec<DateTime<Utc>> = (0..ticks_n)
         .map(|k| first + chrono::Duration::minutes(i64::from(k * every)))
         .collect();
@@ -1844,6 +1858,32 @@ mod tests {
         );
         assert_eq!(schedule(1), "* * * * *");
         assert_eq!(schedule(5), "*/5 * * * *");
+    }
+
+    #[test]
+    fn a_window_never_starts_at_the_objects_first_tick() {
+        let room = |s| chrono::Duration::seconds(s);
+        // Created just after a tick: the room (a prestart of 600 s and the lead) ends before
+        // the next, but that is the objects' first; their second is measured.
+        assert_eq!(
+            first_measured_tick(t("2026-12-06T07:02:00Z"), room(655), 15),
+            t("2026-12-06T07:30:00Z")
+        );
+        // Created just before a tick: the room already skips it.
+        assert_eq!(
+            first_measured_tick(t("2026-12-06T07:13:00Z"), room(655), 15),
+            t("2026-12-06T07:30:00Z")
+        );
+        // A room longer than an interval decides on its own.
+        assert_eq!(
+            first_measured_tick(t("2026-12-06T07:13:00Z"), room(1100), 15),
+            t("2026-12-06T07:45:00Z")
+        );
+        // One-minute ticks without a prestart: the second minute after creation.
+        assert_eq!(
+            first_measured_tick(t("2026-12-06T07:02:10Z"), room(5), 1),
+            t("2026-12-06T07:04:00Z")
+        );
     }
 
     #[test]
