@@ -250,7 +250,7 @@ impl Range {
 /// The controller's bucket requests so far, from its `/metrics`, and how many of its clock
 /// checks they hold.
 async fn controller_requests(metrics: &str) -> anyhow::Result<(Requests, f64)> {
-    Ok(parse_store_requests(&crate::scrape(metrics).await?))
+    Ok(parse_store_requests(&crate::scrape::scrape(metrics).await?))
 }
 
 /// Sums `cojob_store_requests_total` by operation, and counts the controller's clock checks
@@ -296,18 +296,18 @@ fn sidecar_requests(log: &str) -> Option<Requests> {
 
 /// The timeline of an ended run pod, from its timestamps.
 fn timeline(pod: &Pod) -> Option<Timeline> {
-    let sidecar = crate::container_state(pod, "cojob-sidecar", true)?
+    let sidecar = crate::figures::container_state(pod, "cojob-sidecar", true)?
         .terminated
         .as_ref()?;
-    let main = crate::container_state(pod, "main", false)?
+    let main = crate::figures::container_state(pod, "main", false)?
         .terminated
         .as_ref()?;
-    let created = crate::created(pod)?;
+    let created = crate::figures::created(pod)?;
     let (sidecar_started, sidecar_stopped) = (
-        crate::second(sidecar.started_at.as_ref()?)?,
-        crate::second(sidecar.finished_at.as_ref()?)?,
+        crate::figures::second(sidecar.started_at.as_ref()?)?,
+        crate::figures::second(sidecar.finished_at.as_ref()?)?,
     );
-    let finished = crate::second(main.finished_at.as_ref()?)?;
+    let finished = crate::figures::second(main.finished_at.as_ref()?)?;
     let secs = |a: DateTime<Utc>, b: DateTime<Utc>| (b - a).num_seconds().max(0) as f64;
     Some(Timeline {
         pending: secs(created, sidecar_started),
@@ -343,7 +343,8 @@ pub async fn measure(
     let ns = cojob_e2e::TestNamespace::create(client, &format!("bench-cost-{seconds}")).await;
     cojob_e2e::provide_store_credentials(client, &ns.name).await;
     let result = measure_in(client, metrics, &ns.name, seconds, ttl, k).await;
-    let removed = crate::remove_namespace(client, ns, &format!("cost of a {seconds} s run")).await;
+    let removed =
+        crate::cluster::remove_namespace(client, ns, &format!("cost of a {seconds} s run")).await;
     let cost = result?;
     removed?;
     Ok(cost)
@@ -357,12 +358,12 @@ async fn measure_in(
     ttl: u64,
     k: usize,
 ) -> anyhow::Result<Cost> {
-    let jobs = crate::coordinated_jobs(client, ns);
+    let jobs = crate::cluster::coordinated_jobs(client, ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     println!("bench: cost of a run of sleep {seconds} at ttl {ttl} s: {k} one-shot jobs in {ns}");
     let (before, checks_before) = controller_requests(metrics).await?;
     for i in 0..k {
-        crate::create_one_shot(&jobs, &format!("cost-{i}"), ttl, seconds).await?;
+        crate::cluster::create_one_shot(&jobs, &format!("cost-{i}"), ttl, seconds).await?;
     }
     let limit = Duration::from_secs(seconds + 300);
     let t0 = tokio::time::Instant::now();

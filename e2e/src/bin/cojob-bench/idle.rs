@@ -78,7 +78,7 @@ pub async fn measure(
 ) -> anyhow::Result<Idle> {
     let ns = cojob_e2e::TestNamespace::create(client, "bench-idle").await;
     let result = measure_in(client, metrics, &ns.name, k, minutes).await;
-    let removed = crate::remove_namespace(client, ns, "idle jobs").await;
+    let removed = crate::cluster::remove_namespace(client, ns, "idle jobs").await;
     let idle = result?;
     removed?;
     Ok(idle)
@@ -91,7 +91,7 @@ async fn measure_in(
     k: usize,
     minutes: f64,
 ) -> anyhow::Result<Idle> {
-    let jobs = crate::coordinated_jobs(client, ns);
+    let jobs = crate::cluster::coordinated_jobs(client, ns);
     println!("bench: {k} idle jobs in {ns} for {minutes} minutes");
     for i in 0..k {
         let job: DynamicObject = serde_json::from_value(json!({
@@ -100,7 +100,7 @@ async fn measure_in(
             "metadata": {"name": format!("idle-{i}")},
             "spec": {
                 "schedule": "0 0 1 1 *",
-                "template": {"spec": crate::pod_spec(crate::Nodes::Real, &["true"])}
+                "template": {"spec": crate::cluster::pod_spec(crate::Nodes::Real, &["true"])}
             }
         }))?;
         jobs.create(&PostParams::default(), &job).await?;
@@ -158,14 +158,14 @@ struct Counters {
 
 impl Counters {
     async fn read(metrics: &str) -> anyhow::Result<Counters> {
-        let text = crate::scrape(metrics).await?;
+        let text = crate::scrape::scrape(metrics).await?;
         let (requests, clock_checks) = parse_store_requests(&text);
         Ok(Counters {
             passes: counter(&text, "cojob_reconcile_duration_seconds_count"),
             idle_passes: counter(&text, "cojob_idle_passes_total"),
             requests,
             clock_checks,
-            cpu: crate::process_cost(crate::is_cojob_controller).0,
+            cpu: crate::machine::process_cost(crate::machine::is_cojob_controller).0,
         })
     }
 }

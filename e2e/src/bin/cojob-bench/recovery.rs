@@ -68,10 +68,10 @@ impl Recovery {
 
 /// When the workload of a pod that still runs it started.
 fn workload_started(pod: &Pod) -> Option<DateTime<Utc>> {
-    let running = crate::container_state(pod, "main", false)?
+    let running = crate::figures::container_state(pod, "main", false)?
         .running
         .as_ref()?;
-    crate::second(running.started_at.as_ref()?)
+    crate::figures::second(running.started_at.as_ref()?)
 }
 
 fn epoch(pod: &Pod) -> u64 {
@@ -148,7 +148,7 @@ pub async fn measure(
     let result = measure_in(client, &ns.name, fault, ttl, k).await;
     // The sizes measured next count the controller's bucket requests: this namespace's jobs
     // must be gone first.
-    let removed = crate::remove_namespace(
+    let removed = crate::cluster::remove_namespace(
         client,
         ns,
         &format!("recovery from {fault:?} at ttl {ttl} s"),
@@ -167,7 +167,7 @@ async fn measure_in(
     ttl: i64,
     k: usize,
 ) -> anyhow::Result<Recovery> {
-    let jobs = crate::coordinated_jobs(client, ns);
+    let jobs = crate::cluster::coordinated_jobs(client, ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     println!("bench: recovery from {fault:?} at ttl {ttl} s: {k} one-shot jobs in {ns}");
     let limit = wait_limit(ttl);
@@ -176,7 +176,7 @@ async fn measure_in(
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..k {
         let name = format!("rec-{i}");
-        crate::create_one_shot(&jobs, &name, u64::try_from(ttl)?, sleep).await?;
+        crate::cluster::create_one_shot(&jobs, &name, u64::try_from(ttl)?, sleep).await?;
         tasks.spawn(one(pods.clone(), name, fault, limit));
     }
     let mut seconds = Vec::new();
