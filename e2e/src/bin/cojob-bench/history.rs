@@ -151,7 +151,7 @@ async fn measure_in(client: &Client, ns: &str, k: usize, runs: usize) -> anyhow:
     }
     let runs_seconds = t0.elapsed().as_secs_f64();
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    // The last pods' result finalizers are released by the passes that record their runs.
+    // The passes that record the last runs' ends and release their pods' finalizers settle.
     tokio::time::sleep(Duration::from_secs(30)).await;
     let pods = count(&pods).await?;
     let (rss, _) = process_memory(is_cojob_controller);
