@@ -20,6 +20,11 @@
 //!   workload started ([`workload_started`]): a change of any is a cue, and so is a pod of an
 //!   earlier attempt ending (the next attempt's pod waits for it).
 //!
+//! A kubelet's taking a pod up (`status.startTime`) is a cue when it comes [`LATE_TAKE_UP`] or
+//! more after the pod's creation: a pending attempt whose pod waited that long for a node or
+//! a kubelet is quiet without the ttl bound below, since its sidecar cannot attach before.
+//! Taken up sooner, it is not one, and costs no pass.
+//!
 //! The workload's start is a cue because a pending attempt is quiet
 //! ([`crate::run::quiet_until`]): its pass shows the run `running` in the job's status as the
 //! workload starts, and from then on asks to come back when its sidecar's lease may have
@@ -32,7 +37,9 @@
 //! except a quiet one ([`crate::sweeper::focus`]: its pod lives and nothing is asked of it),
 //! which is passed over at the latest when a step may be due: for a running attempt, when its
 //! lease may be taken over, a ttl plus the clock-skew allowance at most; for a pending one,
-//! a ttl from the pass at most, since its sidecar may attach meanwhile. Its pod's end,
+//! a ttl from the pass at most, since its sidecar may attach meanwhile (unless its pod has
+//! waited long for a kubelet: then when its pending lease is due for renewal, at most a
+//! third of the pending ttl, or on its late take-up's cue). Its pod's end,
 //! deletion and workload start are cues, and a relist of the pod watch wakes every run. Cues
 //! only decide how soon a pass follows a change.
 
@@ -85,12 +92,24 @@ pub fn job_cue(job: &CoordinatedJob) -> Option<u64> {
     Some(hasher.finish())
 }
 
+/// How long after its creation a kubelet's taking a pod up (`status.startTime`) is a cue.
+///
+/// A pass leaves a pending attempt whose pod no kubelet has taken up for twice this long
+/// without the pass a ttl later that a sidecar attaching unseen would need
+/// ([`crate::run::quiet_until`]): such a pod runs nothing until a kubelet takes it up, and
+/// from then on that is a cue. A pod taken up sooner is not one (the pass a ttl after the
+/// dispatch covers it), so a run on a prompt node pays no pass for it. The margin between the
+/// two covers a kubelet's clock behind the controller's by up to this much.
+pub const LATE_TAKE_UP: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// What reconcile acts on of a pod, compared from one event to the next.
 #[derive(Debug, PartialEq, Eq)]
 struct Seen<'a> {
     view: PodView,
     /// The workload started ([`workload_started`]).
     started: bool,
+    /// A kubelet took the pod up [`LATE_TAKE_UP`] or more after its creation.
+    taken_up_late: bool,
     /// A live pod is being deleted (an ended one's deletion changes nothing).
     stopping: bool,
     labels: Option<&'a std::collections::BTreeMap<String, String>>,
@@ -102,6 +121,7 @@ fn seen(pod: &Pod) -> Seen<'_> {
     Seen {
         stopping: pod.metadata.deletion_timestamp.is_some() && view == PodView::Live,
         started: workload_started(pod),
+        taken_up_late: taken_up_late(pod),
         view,
         labels: pod.metadata.labels.as_ref(),
         owners: pod
@@ -140,6 +160,25 @@ pub fn workload_started(pod: &Pod) -> bool {
                     .as_ref()
                     .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
         })
+}
+
+/// True when a kubelet took `pod` up (`status.startTime`, by its clock) [`LATE_TAKE_UP`] or
+/// more after the pod's creation (by the API server's).
+fn taken_up_late(pod: &Pod) -> bool {
+    let taken_up = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .and_then(crate::api_time::from_api);
+    let created = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(crate::api_time::from_api);
+    match (taken_up, created, chrono::Duration::from_std(LATE_TAKE_UP)) {
+        (Some(taken_up), Some(created), Ok(late)) => taken_up - created >= late,
+        _ => false,
+    }
 }
 
 /// True when a pod that went from `before` (`None`: not seen yet) to `after` changed something
@@ -307,6 +346,43 @@ mod tests {
             Some(&crate::pod_cache::trim(&sidecar_up)),
             &crate::pod_cache::trim(&workload_up)
         ));
+    }
+
+    #[test]
+    fn a_kubelet_taking_a_pod_up_is_a_cue_only_when_late() {
+        let waiting = |created: &str| {
+            let mut p = pod("Pending", None);
+            p.metadata.creation_timestamp =
+                serde_json::from_value(serde_json::json!(created)).unwrap();
+            p
+        };
+        let taken_up = |p: &Pod, at: &str| {
+            let mut p = p.clone();
+            if let Some(status) = p.status.as_mut() {
+                status.start_time = serde_json::from_value(serde_json::json!(at)).unwrap();
+            }
+            p
+        };
+        let fresh = waiting("2026-12-06T10:00:00Z");
+        assert!(
+            !pod_wakes(Some(&fresh), &taken_up(&fresh, "2026-12-06T10:00:14Z")),
+            "taken up within LATE_TAKE_UP: the pass a ttl after the dispatch covers it"
+        );
+        let late = taken_up(&fresh, "2026-12-06T10:00:15Z");
+        assert!(pod_wakes(Some(&fresh), &late), "taken up late: a cue");
+        assert!(
+            !pod_wakes(Some(&late), &late.clone()),
+            "once: the next event of the same pod is not one"
+        );
+        let mut no_creation = fresh.clone();
+        no_creation.metadata.creation_timestamp = None;
+        assert!(
+            !pod_wakes(
+                Some(&no_creation),
+                &taken_up(&no_creation, "2026-12-06T11:00:00Z")
+            ),
+            "no creation time to tell: not one (the ttl bound then applies, see run::quiet_until)"
+        );
     }
 
     #[test]

@@ -474,6 +474,11 @@ pub struct Observed {
     pub pod_missing: bool,
     /// From when the current attempt's start timeout counts ([`StartClock`]).
     pub start_clock: StartClock,
+    /// The current attempt's pod exists and no kubelet has taken it up yet
+    /// (`status.startTime` unset): since its creation. Such a pod runs nothing, so its sidecar
+    /// cannot attach, and its kubelet's acknowledgement, once late, is a cue
+    /// ([`crate::cues::LATE_TAKE_UP`]). `None` for a pod taken up, or not seen.
+    pub waiting_since: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// From when an attempt's start timeout (`startTimeoutSeconds`) counts, by where the
@@ -678,6 +683,14 @@ pub struct Lifetimes {
 ///   over a ttl plus the allowance after that (the allowance covers the sidecar's clock being
 ///   behind). The controller's own renewal of the pending lease is the caller's to add
 ///   ([`crate::sweeper`]).
+/// - **Pending, its pod not taken up** by a kubelet for twice [`crate::cues::LATE_TAKE_UP`] or
+///   more ([`Observed::waiting_since`]: it waits for a node, or for a kubelet with a backlog):
+///   the same but the ttl from now. The pod runs nothing, so its sidecar cannot attach before
+///   its kubelet takes it up, and that acknowledgement is a cue from then on; so a pod that
+///   waits long costs a pass per renewal of its pending lease (a third of the pending ttl),
+///   not one per ttl. Were the cue never to come (its node lost between taking it up and
+///   reporting it), a sidecar that attached and froze is found by that renewal's pass instead
+///   of a ttl later; its workload never started.
 ///
 /// A deadline more than its ttl ahead (a clock that runs ahead wrote it) counts as that ttl
 /// from now. A takeover by another controller only makes this one's pass find nothing to do,
@@ -698,7 +711,7 @@ pub struct Lifetimes {
 ///     state,
 ///     version: Version { etag: Some("e".into()), generation: None },
 /// };
-/// let seen = Observed { current: PodView::Live, succeeded: None, predecessors_quiescent: true, pod_missing: false, start_clock: Default::default() };
+/// let seen = Observed { current: PodView::Live, succeeded: None, predecessors_quiescent: true, pod_missing: false, start_clock: Default::default(), waiting_since: None };
 /// let timing = Timing { now, skew_allowance: Duration::from_secs(5), start_timeout: Duration::from_secs(600) };
 /// let ttls = Lifetimes { ttl: Duration::from_secs(60), pending_ttl: Duration::from_secs(600) };
 /// let running = lease(json!({"status": "running", "attempt": 1, "run_id": "r", "started_at": "t"}), 40);
@@ -706,6 +719,10 @@ pub struct Lifetimes {
 /// // Its sidecar may attach any moment: a ttl from now.
 /// let pending = lease(json!({"status": "pending", "attempt": 1, "run_id": "r", "dispatched_at": "1970-01-01T00:16:40Z"}), 600);
 /// assert_eq!(quiet_until(&pending, &Step::Wait, &seen, &timing, ttls), Some(now + chrono::Duration::seconds(60)));
+/// // Its pod has waited a minute for a node: nothing can attach before a kubelet takes it
+/// // up, which is a cue; its start deadline (the start timeout from now) or the renewal.
+/// let waiting = Observed { waiting_since: Some(now - chrono::Duration::seconds(60)), ..seen };
+/// assert_eq!(quiet_until(&pending, &Step::Wait, &waiting, &timing, ttls), Some(now + chrono::Duration::seconds(600)));
 /// ```
 pub fn quiet_until(
     lease: &LeaseInfo,
@@ -739,9 +756,16 @@ pub fn quiet_until(
         let start = timing
             .start_deadline(&state, seen.start_clock)
             .or_else(|| after(timing.start_timeout))?;
-        takeover(lifetimes.pending_ttl)?
-            .min(start)
-            .min(after(lifetimes.ttl)?)
+        let until = takeover(lifetimes.pending_ttl)?.min(start);
+        let long_waiting = seen.waiting_since.is_some_and(|created| {
+            chrono::Duration::from_std(crate::cues::LATE_TAKE_UP * 2)
+                .is_ok_and(|long| timing.now - created >= long)
+        });
+        if long_waiting {
+            until
+        } else {
+            until.min(after(lifetimes.ttl)?)
+        }
     } else if state.status == RunPhase::Running {
         takeover(lifetimes.ttl)?
     } else {
@@ -923,6 +947,7 @@ mod tests {
             predecessors_quiescent: true,
             pod_missing: false,
             start_clock: StartClock::FromDispatch,
+            waiting_since: None,
         }
     }
 

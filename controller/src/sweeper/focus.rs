@@ -19,10 +19,11 @@
 //!   possible before its lease's deadline plus the skew allowance. A pending attempt (its
 //!   workload has not started) needs the controller at its start deadline, when its pending
 //!   lease is due for renewal, or once its sidecar attached, which its workload's start tells
-//!   (a cue; without it, a ttl after the pass). A job whose active runs are all quiet is
+//!   (a cue; without it, a ttl after the pass, unless no kubelet has taken its pod up for a
+//!   while: then its taking it up is a cue). A job whose active runs are all quiet is
 //!   requeued for the first of their times, not for the sweep interval, so a long run costs a
 //!   lease read per ttl, not one per sweep interval, a pod that waits for a node costs one
-//!   per ttl or less, and a lost run is taken over as soon as it may be. The pass that made a
+//!   per renewal of its pending lease, and a lost run is taken over as soon as it may be. The pass that made a
 //!   run quiet notes how it reported the run (its epoch and phase): a full sweep leaves the run
 //!   out only while the job's status shows it so.
 //!

@@ -167,6 +167,7 @@ async fn observe(
     let current_pod = lease.and_then(|l| pods.get(&l.epoch));
     let current = pod_view(current_pod);
     let start_clock = current_pod.map_or(run::StartClock::FromDispatch, pods::start_clock);
+    let waiting_since = current_pod.and_then(pods::waiting_since);
     let succeeded = pods
         .values()
         .find_map(|p| pod_view(Some(p)).succeeded().cloned());
@@ -185,6 +186,7 @@ async fn observe(
         predecessors_quiescent,
         pod_missing,
         start_clock,
+        waiting_since,
     })
 }
 
@@ -244,6 +246,8 @@ fn quiet_after_dispatch(
         predecessors_quiescent: true,
         pod_missing: false,
         start_clock: run::StartClock::FromDispatch,
+        // Just created: its kubelet may take it up in the next second without a cue.
+        waiting_since: None,
     };
     let timing = scope.timing();
     let until = run::quiet_until(lease, &Step::Wait, &seen, &timing, scope.lifetimes())?

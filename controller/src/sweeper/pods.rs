@@ -146,6 +146,29 @@ pub fn start_clock(pod: &Pod) -> StartClock {
     }
 }
 
+/// Since when `pod` has waited for a kubelet to take it up: its creation, while its
+/// `status.startTime` is unset; `None` once a kubelet took it up ([`run::Observed::waiting_since`]).
+///
+/// ```
+/// use cojob_controller::sweeper::pods::waiting_since;
+/// let mut pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+///     "metadata": {"name": "r-1", "creationTimestamp": "2026-12-06T10:00:00Z"},
+///     "spec": {"containers": []}, "status": {"phase": "Pending"}
+/// })).unwrap();
+/// assert_eq!(waiting_since(&pod), Some("2026-12-06T10:00:00Z".parse().unwrap()));
+/// pod.status.as_mut().unwrap().start_time = serde_json::from_value(serde_json::json!("2026-12-06T10:05:00Z")).unwrap();
+/// assert_eq!(waiting_since(&pod), None, "taken up");
+/// ```
+pub fn waiting_since(pod: &Pod) -> Option<chrono::DateTime<chrono::Utc>> {
+    if pod.status.as_ref().is_some_and(|s| s.start_time.is_some()) {
+        return None;
+    }
+    pod.metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(crate::api_time::from_api)
+}
+
 /// The type of a pod's condition that tells where the scheduler stands with it.
 pub const POD_SCHEDULED: &str = "PodScheduled";
 
