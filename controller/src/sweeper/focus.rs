@@ -23,9 +23,9 @@
 //!   while: then its taking it up is a cue). A job whose active runs are all quiet is
 //!   requeued for the first of their times, not for the sweep interval, so a long run costs a
 //!   lease read per ttl, not one per sweep interval, a pod that waits for a node costs one
-//!   per renewal of its pending lease, and a lost run is taken over as soon as it may be. The pass that made a
-//!   run quiet notes how it reported the run (its epoch and phase): a full sweep leaves the run
-//!   out only while the job's status shows it so.
+//!   per renewal of its pending lease, and a lost run is taken over as soon as it may be. The
+//!   pass that made a run quiet notes how it reported the run (its epoch and phase): a full
+//!   sweep leaves the run out only while the job's status shows it so.
 //!
 //! A job with **no active run** and nothing due has nothing to sweep: a pass that read its index,
 //! left it so and wrote the job's status notes when, and the object's resource version after that
