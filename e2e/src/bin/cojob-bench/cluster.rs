@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kube::api::{ListParams, PostParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::DynamicObject;
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -41,22 +41,15 @@ pub async fn create_one_shot(
     seconds: u64,
 ) -> anyhow::Result<()> {
     let sleep = seconds.to_string();
-    let job: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cojob.dev/v1alpha1",
-        "kind": "CoordinatedJob",
-        "metadata": {"name": name},
-        "spec": {
+    let job = cojob_e2e::coordinated_job(
+        name,
+        json!({
             "lease": {"ttlSeconds": ttl},
             "template": {"spec": pod_spec(Nodes::Real, &["sleep", &sleep])}
-        }
-    }))?;
+        }),
+    );
     jobs.create(&PostParams::default(), &job).await?;
     Ok(())
-}
-
-pub fn coordinated_jobs(client: &Client, ns: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("cojob.dev", "v1alpha1", "CoordinatedJob");
-    Api::namespaced_with(client.clone(), ns, &ApiResource::from_gvk(&gvk))
 }
 
 /// Every object of `api`, read in pages of 500 (at N = 10 000 a namespace holds tens of

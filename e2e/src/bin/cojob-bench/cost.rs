@@ -358,7 +358,7 @@ async fn measure_in(
     ttl: u64,
     k: usize,
 ) -> anyhow::Result<Cost> {
-    let jobs = crate::cluster::coordinated_jobs(client, ns);
+    let jobs = cojob_e2e::coordinated_jobs(client, ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     println!("bench: cost of a run of sleep {seconds} at ttl {ttl} s: {k} one-shot jobs in {ns}");
     let (before, checks_before) = controller_requests(metrics).await?;

@@ -25,7 +25,9 @@ use kube::core::DynamicObject;
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::cluster::{coordinated_jobs, count, for_each_parallel, list_all, pod_spec};
+use cojob_e2e::coordinated_jobs;
+
+use crate::cluster::{count, for_each_parallel, list_all, pod_spec};
 use crate::machine::{is_cojob_controller, process_identity, process_memory};
 
 /// Where `e2e/bench/run` installs the controller (release `cojob-bench`).
@@ -91,16 +93,14 @@ async fn measure_in(client: &Client, ns: &str, k: usize, runs: usize) -> anyhow:
         for_each_parallel(k, move |i| {
             let (jobs, spec) = (jobs.clone(), spec.clone());
             async move {
-                let job: DynamicObject = serde_json::from_value(json!({
-                    "apiVersion": "cojob.dev/v1alpha1",
-                    "kind": "CoordinatedJob",
-                    "metadata": {"name": format!("history-{i}")},
-                    "spec": {
+                let job = cojob_e2e::coordinated_job(
+                    &format!("history-{i}"),
+                    json!({
                         "schedule": "0 0 1 1 *",
                         "successfulRunsHistoryLimit": runs,
                         "template": {"spec": spec}
-                    }
-                }))?;
+                    }),
+                );
                 jobs.create(&PostParams::default(), &job).await?;
                 Ok(())
             }

@@ -19,7 +19,6 @@ use std::time::Duration;
 use anyhow::ensure;
 use kube::Client;
 use kube::api::{ListParams, PostParams};
-use kube::core::DynamicObject;
 use serde_json::json;
 
 use crate::cost::{Requests, parse_store_requests};
@@ -91,18 +90,16 @@ async fn measure_in(
     k: usize,
     minutes: f64,
 ) -> anyhow::Result<Idle> {
-    let jobs = crate::cluster::coordinated_jobs(client, ns);
+    let jobs = cojob_e2e::coordinated_jobs(client, ns);
     println!("bench: {k} idle jobs in {ns} for {minutes} minutes");
     for i in 0..k {
-        let job: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cojob.dev/v1alpha1",
-            "kind": "CoordinatedJob",
-            "metadata": {"name": format!("idle-{i}")},
-            "spec": {
+        let job = cojob_e2e::coordinated_job(
+            &format!("idle-{i}"),
+            json!({
                 "schedule": "0 0 1 1 *",
                 "template": {"spec": crate::cluster::pod_spec(crate::Nodes::Real, &["true"])}
-            }
-        }))?;
+            }),
+        );
         jobs.create(&PostParams::default(), &job).await?;
     }
     let t0 = tokio::time::Instant::now();

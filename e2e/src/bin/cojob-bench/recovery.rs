@@ -167,7 +167,7 @@ async fn measure_in(
     ttl: i64,
     k: usize,
 ) -> anyhow::Result<Recovery> {
-    let jobs = crate::cluster::coordinated_jobs(client, ns);
+    let jobs = cojob_e2e::coordinated_jobs(client, ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     println!("bench: recovery from {fault:?} at ttl {ttl} s: {k} one-shot jobs in {ns}");
     let limit = wait_limit(ttl);

@@ -8,13 +8,12 @@ use chrono::{DateTime, Timelike, Utc};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::core::DynamicObject;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::cluster::{
-    coordinated_jobs, count, for_each_parallel, list_all, pod_spec, remove_namespace,
-};
+use cojob_e2e::coordinated_jobs;
+
+use crate::cluster::{count, for_each_parallel, list_all, pod_spec, remove_namespace};
 use crate::figures::{Figures, Sample, created, figures, main_started, nan, nan_if_null};
 use crate::machine::{
     is_cojob_controller, is_kube_controller_manager, is_shared_component, machine_cpu,
@@ -196,21 +195,16 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
             }))?;
             cronjobs.create(&PostParams::default(), &cj).await?;
             let mut co = json!({
-                "apiVersion": "cojob.dev/v1alpha1",
-                "kind": "CoordinatedJob",
-                "metadata": {"name": format!("co-{i}")},
-                "spec": {
-                    "schedule": cron,
-                    "concurrencyPolicy": "Allow",
-                    "successfulRunsHistoryLimit": 10,
-                    "prestartSeconds": prestart,
-                    "template": {"spec": spec}
-                }
+                "schedule": cron,
+                "concurrencyPolicy": "Allow",
+                "successfulRunsHistoryLimit": 10,
+                "prestartSeconds": prestart,
+                "template": {"spec": spec}
             });
             if let Some(s) = start_timeout {
-                co["spec"]["startTimeoutSeconds"] = json!(s);
+                co["startTimeoutSeconds"] = json!(s);
             }
-            let co: DynamicObject = serde_json::from_value(co)?;
+            let co = cojob_e2e::coordinated_job(&format!("co-{i}"), co);
             cojobs.create(&PostParams::default(), &co).await?;
             Ok(())
         }
