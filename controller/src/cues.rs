@@ -165,11 +165,7 @@ pub fn workload_started(pod: &Pod) -> bool {
 /// True when a kubelet took `pod` up (`status.startTime`, by its clock) [`LATE_TAKE_UP`] or
 /// more after the pod's creation (by the API server's).
 fn taken_up_late(pod: &Pod) -> bool {
-    let taken_up = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.start_time.as_ref())
-        .and_then(crate::api_time::from_api);
+    let taken_up = crate::sweeper::pods::taken_up_at(pod);
     let created = pod
         .metadata
         .creation_timestamp

@@ -125,25 +125,24 @@ pub fn start_clock(pod: &Pod) -> StartClock {
     };
     let placed = spec.is_some_and(|s| s.node_name.is_some());
     match condition {
-        Some(c) if placed && c.status == "True" => {
-            let acknowledged = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.start_time.as_ref())
-                .and_then(crate::api_time::from_api);
-            match (since(c), acknowledged) {
-                (_, None) => StartClock::Queued,
-                (StartClock::Since(bound), Some(taken_up)) => {
-                    StartClock::Since(bound.max(taken_up))
-                }
-                (_, Some(taken_up)) => StartClock::Since(taken_up),
-            }
-        }
+        Some(c) if placed && c.status == "True" => match (since(c), taken_up_at(pod)) {
+            (_, None) => StartClock::Queued,
+            (StartClock::Since(bound), Some(taken_up)) => StartClock::Since(bound.max(taken_up)),
+            (_, Some(taken_up)) => StartClock::Since(taken_up),
+        },
         // Bound without the scheduler (a template's `nodeName`), not taken up yet.
         _ if placed => StartClock::FromDispatch,
         Some(c) if c.status == "False" && c.reason.as_deref() != Some(SCHEDULING_GATED) => since(c),
         _ => StartClock::Queued,
     }
+}
+
+/// When a kubelet took `pod` up (`status.startTime`, by the kubelet's clock), if one did.
+pub fn taken_up_at(pod: &Pod) -> Option<chrono::DateTime<chrono::Utc>> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .and_then(crate::api_time::from_api)
 }
 
 /// Since when `pod` has waited for a kubelet to take it up: its creation, while its
