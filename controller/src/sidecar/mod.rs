@@ -165,6 +165,55 @@ pub struct Args {
 #[error("pod {0} of this epoch started first")]
 struct OtherPodStarted(String);
 
+/// The pod a sidecar runs in, as its lease records it once the sidecar attached (all from the
+/// downward API).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodIdentity {
+    /// The pod's name.
+    pub pod: Option<String>,
+    /// The node's name.
+    pub node: Option<String>,
+    /// The pod's UID: the one pod of its epoch whose workload may start.
+    pub uid: Option<String>,
+}
+
+/// The lease state a sidecar writes with its first renewal, the compare-and-swap that proves
+/// the lease is still its own: `running`, its pod, node and UID, `started_at`, and no stopping
+/// mark of an earlier run of the sidecar ([`crate::run::clear_stopping`]). It refuses (nothing
+/// is written, [`cojob::Error::Aborted`]) if another pod of the same epoch already recorded that
+/// it started.
+///
+/// ```
+/// use cojob_controller::sidecar::{PodIdentity, attached_state};
+/// use serde_json::json;
+///
+/// let me = PodIdentity { pod: Some("run-1".into()), node: Some("n1".into()), uid: Some("u1".into()) };
+/// let state = attached_state(&json!({"status": "pending"}), &me, "2026-12-06T12:00:00Z").unwrap();
+/// assert_eq!(state["status"], "running");
+/// assert_eq!(state["pod_uid"], "u1");
+/// // The same pod attaches again after a restart of its sidecar; another pod of the epoch
+/// // (created again under the same name) may not.
+/// assert!(attached_state(&state, &me, "2026-12-06T12:01:00Z").is_ok());
+/// let other = PodIdentity { uid: Some("u2".into()), ..me };
+/// assert!(attached_state(&state, &other, "2026-12-06T12:01:00Z").is_err());
+/// ```
+pub fn attached_state(
+    state: &serde_json::Value,
+    me: &PodIdentity,
+    started_at: &str,
+) -> Result<serde_json::Value, cojob::BoxError> {
+    let recorded = state.get("pod_uid").and_then(serde_json::Value::as_str);
+    if let (Some(recorded), Some(mine)) = (recorded, me.uid.as_deref())
+        && recorded != mine
+    {
+        return Err(OtherPodStarted(recorded.to_owned()).into());
+    }
+    Ok(crate::run::clear_stopping(cojob::lease::merge(
+        state,
+        json!({"status": "running", "pod": me.pod, "node": me.node, "pod_uid": me.uid, "started_at": started_at}),
+    )))
+}
+
 impl std::fmt::Debug for Args {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Args")
@@ -297,21 +346,12 @@ async fn hold(
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
     let mut sent_ms = crate::wrap::boot_clock_ms();
     let started = cojob::json::format_time(chrono::Utc::now());
-    let (pod, node, uid) = (args.pod.clone(), args.node.clone(), args.pod_uid.clone());
-    let first = lease
-        .renew_with(|s| {
-            let recorded = s.get("pod_uid").and_then(serde_json::Value::as_str);
-            if let (Some(recorded), Some(mine)) = (recorded, uid.as_deref())
-                && recorded != mine
-            {
-                return Err(OtherPodStarted(recorded.to_owned()).into());
-            }
-            Ok(crate::run::clear_stopping(cojob::lease::merge(
-                s,
-                json!({"status": "running", "pod": pod, "node": node, "pod_uid": uid, "started_at": started}),
-            )))
-        })
-        .await;
+    let me = PodIdentity {
+        pod: args.pod.clone(),
+        node: args.node.clone(),
+        uid: args.pod_uid.clone(),
+    };
+    let first = lease.renew_with(|s| attached_state(s, &me, &started)).await;
     let mut renewed_ms = match &first {
         Ok(()) => sent_ms,
         Err(Error::Aborted { source, .. }) => {

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cojob-bench [--n 10,100] [--ticks 3] [--every 1] [--kwok 1000,10000] [--kwok-every 5]
-//!             [--kwok-ticks 5] [--recovery K] [--recovery-ttl 12,30]
+//!             [--kwok-ticks 5] [--no-kwok-sidecars] [--recovery K] [--recovery-ttl 12,30]
 //!             [--cost K] [--cost-seconds 1,300] [--cost-ttl 30] [--idle K] [--idle-minutes 11]
 //!             [--history K] [--history-runs 4]
 //!             [--metrics 127.0.0.1:18080] [--json OUT] [--merge EARLIER.json] [--check]
@@ -12,7 +12,9 @@
 //! For each size N: a fresh namespace with N CronJobs and N CoordinatedJobs on the same
 //! schedule (`*/every * * * *`), with the same pod (busybox `true`, host network). Sizes of
 //! `--n` run on the real node; sizes of `--kwok` on the simulated nodes of `e2e/bench/kwok`
-//! (nothing runs there: a pod is Running when bound and Succeeded 2 to 7 s later). After the
+//! (nothing runs there: a pod is Running when bound and Succeeded 2 to 7 s later; the bench
+//! plays each run pod's sidecar against the bucket, module `sidecars`, unless
+//! `--no-kwok-sidecars`). After the
 //! ticks, both kinds are suspended and the pods are read back:
 //!
 //! - **dispatch lag**: the pod's creation minus the tick it serves (for CronJob, the tick is its
@@ -44,7 +46,8 @@
 //!
 //! Layout: `size` measures one size over its window (`ticks` picks the window, `figures` reads
 //! the pods back, `scrape` the `/metrics` texts, `machine` the processes' CPU and memory),
-//! `cluster` holds what every measurement creates and removes, `report` the tables, the
+//! `cluster` holds what every measurement creates and removes, `sidecars` plays the sidecars
+//! of the pods on simulated nodes, `report` the tables, the
 //! document and the merge; `recovery`, `cost`, `idle` and `history` are the other
 //! measurements, `plots` draws the figures against N.
 
@@ -60,6 +63,7 @@ mod plots;
 mod recovery;
 mod report;
 mod scrape;
+mod sidecars;
 mod size;
 mod ticks;
 
@@ -95,6 +99,12 @@ struct Options {
     /// thousands of pods a tick) compares like with like only with a longer one.
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     start_timeout: Option<u64>,
+    /// Leaves the run pods on the simulated nodes without simulated sidecars (module
+    /// `sidecars`), as the bench did before them: nothing renews their leases, so the
+    /// controller passes each Running pod once per ttl and takes it over once its pending
+    /// lease expires.
+    #[arg(long)]
+    no_kwok_sidecars: bool,
     /// Ticks measured on the simulated nodes (at most 10).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10))]
     kwok_ticks: u32,
@@ -308,6 +318,13 @@ async fn main() -> anyhow::Result<()> {
                 );
             }
             ensure!(r.cojob.pods > 0, "N = {}: no cojob pod was measured", r.n);
+            if let Some(s) = &r.simulated_sidecars {
+                ensure!(
+                    s.attached > 0 && s.errors == 0,
+                    "N = {}: the simulated sidecars attached to no lease, or failed: {s:?}",
+                    r.n
+                );
+            }
         }
         for c in &report.cost {
             ensure!(

@@ -119,6 +119,14 @@ pub fn tables(results: &[SizeResult]) -> String {
     t.push_str(&passes_table(results));
     t.push_str(&api_requests_table(results));
     t.push_str(&by_tick_table(results));
+    for r in results {
+        if let Some(s) = &r.simulated_sidecars {
+            t.push_str(&format!(
+                "\nN = {} ({:?} nodes), simulated sidecars: {} attached ({} stopped with their pod, {} lost their lease), {} not attached (the pod ended first or its lease was taken), {} failed; {} bucket requests.\n",
+                r.n, r.nodes, s.attached, s.stopped, s.lost, s.not_attached, s.errors, s.bucket_requests
+            ));
+        }
+    }
     for r in results.iter().filter(|r| r.controller_restarted) {
         t.push_str(&format!(
             "\nN = {} ({:?} nodes): the cojob controller restarted during the window, so its CPU, bucket requests and tick pickup are not known (NaN); its memory is the restarted process's.\n",

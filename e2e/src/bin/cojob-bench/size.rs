@@ -21,6 +21,7 @@ use crate::machine::{
 };
 use crate::report::tables;
 use crate::scrape::{ApiCounters, ControllerMetrics, Histo, api_requests, controller_metrics};
+use crate::sidecars::{SidecarCounts, Sidecars};
 use crate::ticks::{first_measured_tick, schedule};
 use crate::{Nodes, Options};
 
@@ -70,6 +71,10 @@ pub struct SizeResult {
     /// reports from before it was measured.
     #[serde(default)]
     pub pass_duration: Histo,
+    /// What the simulated sidecars of the run pods on kwok's nodes did (`None`: the size ran
+    /// without them, on the real node or with `--no-kwok-sidecars`, or before they existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated_sidecars: Option<SidecarCounts>,
     /// The mean wait of the controller's API requests in the API server's
     /// priority-and-fairness queues, in milliseconds (NaN: not measured).
     #[serde(default = "nan", deserialize_with = "nan_if_null")]
@@ -174,6 +179,9 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         "bench: N = {n}: creating {n} CronJobs and {n} CoordinatedJobs on {cron:?} in {ns} ({nodes:?} nodes)"
     );
     let spec = pod_spec(nodes, &["true"]);
+    // On simulated nodes, the bench plays each run pod's sidecar (module `sidecars`).
+    let sidecars =
+        (nodes == Nodes::Kwok && !o.no_kwok_sidecars).then(|| Sidecars::start(client, ns));
     for_each_parallel(n, |i| {
         let (cronjobs, cojobs, cron, spec, prestart, start_timeout) = (
             cronjobs.clone(),
@@ -311,6 +319,10 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         seen = now;
     }
 
+    let simulated_sidecars = sidecars.map(Sidecars::stop);
+    if let Some(s) = &simulated_sidecars {
+        println!("bench: N = {n}: simulated sidecars: {s:?}");
+    }
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     let mut scheduled: BTreeMap<String, (String, DateTime<Utc>)> = BTreeMap::new();
     for job in list_all(&jobs).await? {
@@ -432,6 +444,7 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         nodes,
         prestart_seconds: o.prestart,
         start_timeout_seconds: o.start_timeout,
+        simulated_sidecars,
         tick_pickup: own_window(&after.pickup, &before.pickup),
         pass_duration: own_window(&after.passes, &before.passes),
         controller_api_wait_ms: after

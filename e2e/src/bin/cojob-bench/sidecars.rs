@@ -1,0 +1,428 @@
+//! Simulated sidecars for the run pods on kwok's nodes (sizes of `--kwok`).
+//!
+//! Nothing runs on a simulated node, so without them no sidecar attaches to a run's lease. A
+//! run pod that kwok reports Running is then, to the controller, a pod whose sidecar may have
+//! attached unseen: it passes the attempt once per ttl, and takes the run over once the
+//! pending lease expires while kwok still reports the pod Running (under kwok's backlog at
+//! thousands of pods a tick, minutes later). A real node asks for neither.
+//!
+//! So the bench plays each pod's sidecar against the bucket with the real sidecar's lease
+//! writes. Once kwok reports the pod Running:
+//!
+//! 1. it reads the holder from the pod's Secret, as the kubelet does for the container's
+//!    environment;
+//! 2. it resumes the lease at the pod's epoch and records `running`, with the pod, its node
+//!    and UID, in one compare-and-swap ([`cojob_controller::sidecar::attached_state`]);
+//! 3. it renews every ttl/3;
+//! 4. once the pod ended or is being deleted, it renews once more, marking its epoch stopping
+//!    ([`cojob_controller::run::mark_stopping`]), as the real sidecar does on SIGTERM.
+//!
+//! It neither serves the workload API nor writes the shared volume's files: no workload
+//! reads them on kwok. One store client serves every simulated sidecar of a bucket, where each
+//! real one opens its own; the requests are the same.
+//!
+//! One difference remains: kwok moves a pod to Succeeded 2 to 7 s after Running whether its
+//! sidecar attached or not, where a real workload starts only after the attach. A pod that
+//! ended before its simulated sidecar attached leaves the lease to the controller, as it did
+//! without simulated sidecars.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use cojob::Db;
+use cojob_controller::{pod, run, sidecar};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::runtime::watcher::Event;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+/// What the simulated sidecars of one size did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SidecarCounts {
+    /// Pods whose simulated sidecar attached (its first compare-and-swap landed).
+    pub attached: u64,
+    /// Pods whose lease could not be attached: the pod ended first (or was removed with its
+    /// Secret), the lease was released or is at another epoch, or another pod of the epoch
+    /// started.
+    pub not_attached: u64,
+    /// Sidecars that lost the lease while they renewed it, before their pod ended (a takeover).
+    pub lost: u64,
+    /// Sidecars that stopped with their pod: the stopping mark written, or the lease released
+    /// by the controller with the pod's result already.
+    pub stopped: u64,
+    /// Sidecars that failed otherwise (the store or the API server unreachable).
+    pub errors: u64,
+    /// Bucket requests of every simulated sidecar together.
+    pub bucket_requests: u64,
+}
+
+/// How one simulated sidecar ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    NotAttached,
+    Lost,
+    Stopped,
+}
+
+#[derive(Default)]
+struct Counters {
+    attached: AtomicU64,
+    not_attached: AtomicU64,
+    lost: AtomicU64,
+    stopped: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The simulated sidecars of one namespace, running until [`Sidecars::stop`].
+pub struct Sidecars {
+    task: tokio::task::JoinHandle<()>,
+    counters: Arc<Counters>,
+    stores: Arc<std::sync::Mutex<HashMap<String, Db>>>,
+}
+
+impl Sidecars {
+    /// Starts simulating the sidecar of every run pod of `namespace` that kwok reports Running.
+    pub fn start(client: &Client, namespace: &str) -> Sidecars {
+        let counters = Arc::new(Counters::default());
+        let stores = Arc::new(std::sync::Mutex::new(HashMap::new()));
+        let task = tokio::spawn(watch_and_attach(
+            client.clone(),
+            namespace.to_owned(),
+            counters.clone(),
+            stores.clone(),
+        ));
+        Sidecars {
+            task,
+            counters,
+            stores,
+        }
+    }
+
+    /// Stops every simulated sidecar (their pods are suspended and read back by then) and
+    /// says what they did.
+    pub fn stop(self) -> SidecarCounts {
+        // Aborting the watch drops its set of sidecars, which aborts them (also on drop).
+        self.task.abort();
+        let c = &self.counters;
+        let bucket_requests = self
+            .stores
+            .lock()
+            .map(|stores| stores.values().map(|db| db.store().stats().total()).sum())
+            .unwrap_or_default();
+        SidecarCounts {
+            attached: c.attached.load(Ordering::Relaxed),
+            not_attached: c.not_attached.load(Ordering::Relaxed),
+            lost: c.lost.load(Ordering::Relaxed),
+            stopped: c.stopped.load(Ordering::Relaxed),
+            errors: c.errors.load(Ordering::Relaxed),
+            bucket_requests,
+        }
+    }
+}
+
+impl Drop for Sidecars {
+    /// A size that failed midway stops its simulated sidecars too.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a pod's sidecar container is given, read from the pod.
+struct Attempt {
+    bucket: String,
+    lease_key: String,
+    epoch: u64,
+    ttl: Duration,
+    secret: String,
+    me: sidecar::PodIdentity,
+}
+
+impl Attempt {
+    /// The attempt of a run pod, from its sidecar container's environment; `None` for a pod
+    /// without one.
+    fn of(p: &Pod) -> Option<Attempt> {
+        let spec = p.spec.as_ref()?;
+        let container = spec
+            .init_containers
+            .as_ref()?
+            .iter()
+            .find(|c| c.name == pod::SIDECAR_NAME)?;
+        let env = container.env.as_ref()?;
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        Some(Attempt {
+            bucket: value("COJOB_BUCKET")?,
+            lease_key: value("COJOB_LEASE_KEY")?,
+            epoch: value("COJOB_EPOCH")?.parse().ok()?,
+            ttl: Duration::from_secs(value("COJOB_LEASE_TTL_SECONDS")?.parse().ok()?),
+            secret: pod::holder_secret_of(p)?,
+            me: sidecar::PodIdentity {
+                pod: p.metadata.name.clone(),
+                node: spec.node_name.clone(),
+                uid: p.metadata.uid.clone(),
+            },
+        })
+    }
+}
+
+/// The pod's phase is over, or it is being deleted: its sidecar would be stopped.
+fn ended(p: &Pod) -> bool {
+    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+    p.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// kwok reported the pod Running: a real sidecar would be starting.
+fn running(p: &Pod) -> bool {
+    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// Watches the namespace's run pods, starts a simulated sidecar for each that turns Running
+/// and tells it when its pod ended.
+async fn watch_and_attach(
+    client: Client,
+    namespace: String,
+    counters: Arc<Counters>,
+    stores: Arc<std::sync::Mutex<HashMap<String, Db>>>,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let secrets: Api<Secret> = Api::namespaced(client, &namespace);
+    let config = watcher::Config::default().labels(pod::LABEL_RUN);
+    let mut events = std::pin::pin!(watcher(pods, config).default_backoff());
+    // The end signal of each pod whose sidecar runs, by UID, and every UID given one.
+    let mut ends: HashMap<String, watch::Sender<bool>> = HashMap::new();
+    let mut given: HashSet<String> = HashSet::new();
+    let mut sidecars = tokio::task::JoinSet::new();
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            Some(_) = sidecars.join_next(), if !sidecars.is_empty() => continue,
+        };
+        let p = match event {
+            None => return,
+            Some(Err(e)) => {
+                println!("bench: simulated sidecars: pod watch: {e}");
+                continue;
+            }
+            Some(Ok(Event::Apply(p) | Event::InitApply(p) | Event::Delete(p))) => p,
+            Some(Ok(Event::Init | Event::InitDone)) => continue,
+        };
+        let Some(uid) = p.metadata.uid.clone() else {
+            continue;
+        };
+        if ended(&p) {
+            if let Some(end) = ends.remove(&uid) {
+                // A sidecar that already ended (its lease lost) has no receiver left.
+                let _ = end.send(true);
+            }
+            continue;
+        }
+        if !running(&p) || given.contains(&uid) {
+            continue;
+        }
+        let Some(attempt) = Attempt::of(&p) else {
+            continue;
+        };
+        given.insert(uid.clone());
+        let db = match store(&stores, &attempt.bucket).await {
+            Ok(db) => db,
+            Err(e) => {
+                println!("bench: simulated sidecars: {e:#}");
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        };
+        let (end, pod_ended) = watch::channel(false);
+        ends.insert(uid, end);
+        let (secrets, counters) = (secrets.clone(), counters.clone());
+        sidecars.spawn(async move {
+            let counter = match hold(&attempt, &secrets, &db, pod_ended, &counters).await {
+                Ok(Outcome::NotAttached) => &counters.not_attached,
+                Ok(Outcome::Lost) => &counters.lost,
+                Ok(Outcome::Stopped) => &counters.stopped,
+                Err(e) => {
+                    println!(
+                        "bench: simulated sidecar of {:?}: {e:#}",
+                        attempt.me.pod.as_deref().unwrap_or_default()
+                    );
+                    &counters.errors
+                }
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+}
+
+/// The store client of `bucket`, opened once (credentials from this process's environment,
+/// like the tests').
+async fn store(stores: &std::sync::Mutex<HashMap<String, Db>>, bucket: &str) -> anyhow::Result<Db> {
+    if let Some(db) = stores.lock().ok().and_then(|s| s.get(bucket).cloned()) {
+        return Ok(db);
+    }
+    let db = Db::open(bucket)
+        .await
+        .with_context(|| format!("opening {bucket}"))?;
+    if let Ok(mut s) = stores.lock() {
+        s.insert(bucket.to_owned(), db.clone());
+    }
+    Ok(db)
+}
+
+/// One simulated sidecar: attaches, renews every ttl/3 until its pod ended, then renews once
+/// more marking its epoch stopping.
+async fn hold(
+    a: &Attempt,
+    secrets: &Api<Secret>,
+    db: &Db,
+    mut pod_ended: watch::Receiver<bool>,
+    counters: &Counters,
+) -> anyhow::Result<Outcome> {
+    // The holder Secret is owned by its pod, and goes with it: the pod is gone already.
+    let Some(secret) = secrets.get_opt(&a.secret).await? else {
+        return Ok(Outcome::NotAttached);
+    };
+    let holder = secret
+        .data
+        .and_then(|mut d| d.remove(pod::HOLDER_KEY))
+        .context("the holder Secret has no holder")?;
+    let holder = String::from_utf8(holder.0).context("the holder is not UTF-8")?;
+    // A pod that ended first leaves its lease to the controller, as without a sidecar.
+    if *pod_ended.borrow() {
+        return Ok(Outcome::NotAttached);
+    }
+    let Some(mut lease) = db
+        .resume_lease(&a.lease_key, &holder, a.epoch, a.ttl)
+        .await?
+    else {
+        return Ok(Outcome::NotAttached);
+    };
+    let started = cojob::json::format_time(chrono::Utc::now());
+    match lease
+        .renew_with(|s| sidecar::attached_state(s, &a.me, &started))
+        .await
+    {
+        Ok(()) => {}
+        Err(e) if e.is_lease_lost() || matches!(e, cojob::Error::Aborted { .. }) => {
+            return Ok(Outcome::NotAttached);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    counters.attached.fetch_add(1, Ordering::Relaxed);
+    loop {
+        tokio::select! {
+            // Its pod ended, or the watch that would say so is gone: stop as on SIGTERM.
+            _ = pod_ended.changed() => {
+                let epoch = a.epoch;
+                return match lease.renew_with(|s| Ok(run::mark_stopping(s, epoch))).await {
+                    // kwok reports the pod's end before this mark, where a kubelet reports it
+                    // after: the controller may have released the lease with the pod's result
+                    // already, which is what the mark leads to.
+                    Ok(()) => Ok(Outcome::Stopped),
+                    Err(e) if e.is_lease_lost() => Ok(Outcome::Stopped),
+                    Err(e) => Err(e.into()),
+                };
+            }
+            () = tokio::time::sleep(a.ttl / 3) => {
+                match lease.renew().await {
+                    Ok(()) => {}
+                    Err(e) if e.is_lease_lost() => return Ok(Outcome::Lost),
+                    // A passing store error: the next renewal tries again, as the real
+                    // sidecar's does.
+                    Err(e) => println!("bench: simulated sidecar of {:?}: renewal failed: {e}", a.me.pod.as_deref().unwrap_or_default()),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodStatus, PodTemplateSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+
+    /// A run pod as the controller builds it, bound to a kwok node with `phase`.
+    fn run_pod(phase: &str) -> Pod {
+        let template: PodTemplateSpec = serde_json::from_value(serde_json::json!({
+            "spec": {"containers": [{"name": "main", "image": "busybox", "command": ["true"]}]}
+        }))
+        .unwrap();
+        let run = pod::RunIdentity {
+            run_id: "co-1-1786240800".into(),
+            epoch: 3,
+            attempt: 2,
+            fire_time: "2026-12-06T12:00:00Z".into(),
+            trigger: None,
+            secret: "co-1-1786240800-3-holder-abc123".into(),
+            lease_key: "cojob/ns/co-1/runs/1786240800/lease".into(),
+        };
+        let cfg = pod::SidecarConfig {
+            image: "cojob:dev".into(),
+            bucket: "s3://cojob-test/bench-x".into(),
+            env: Vec::new(),
+            ttl_seconds: 60,
+            credentials_secret: None,
+        };
+        let owner = OwnerReference {
+            api_version: "cojob.dev/v1alpha1".into(),
+            kind: "CoordinatedJob".into(),
+            name: "co-1".into(),
+            uid: "job-uid".into(),
+            ..OwnerReference::default()
+        };
+        let mut p = pod::build_pod(&template, "ns", owner, "co-1", &run, &cfg, None);
+        p.metadata.uid = Some("pod-uid".into());
+        if let Some(spec) = p.spec.as_mut() {
+            spec.node_name = Some("kwok-node-0".into());
+        }
+        p.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            ..PodStatus::default()
+        });
+        p
+    }
+
+    #[test]
+    fn a_run_pod_gives_its_sidecar_the_lease_epoch_ttl_and_holder_secret() {
+        let a = Attempt::of(&run_pod("Running")).expect("a run pod has a sidecar");
+        assert_eq!(a.bucket, "s3://cojob-test/bench-x");
+        assert_eq!(a.lease_key, "cojob/ns/co-1/runs/1786240800/lease");
+        assert_eq!(a.epoch, 3);
+        assert_eq!(a.ttl, Duration::from_secs(60));
+        assert_eq!(a.secret, "co-1-1786240800-3-holder-abc123");
+        assert_eq!(
+            a.me,
+            sidecar::PodIdentity {
+                pod: Some("co-1-1786240800-3".into()),
+                node: Some("kwok-node-0".into()),
+                uid: Some("pod-uid".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_pod_without_a_sidecar_gets_none() {
+        let mut p = run_pod("Running");
+        if let Some(spec) = p.spec.as_mut() {
+            spec.init_containers = None;
+        }
+        assert!(Attempt::of(&p).is_none());
+    }
+
+    #[test]
+    fn a_sidecar_starts_on_running_and_stops_on_the_end_or_a_deletion() {
+        assert!(running(&run_pod("Running")) && !ended(&run_pod("Running")));
+        assert!(!running(&run_pod("Pending")) && !ended(&run_pod("Pending")));
+        assert!(ended(&run_pod("Succeeded")) && ended(&run_pod("Failed")));
+        let mut deleted = run_pod("Running");
+        deleted.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        assert!(ended(&deleted));
+    }
+}
