@@ -26,7 +26,7 @@
 //! ended before its simulated sidecar attached leaves the lease to the controller, as it did
 //! without simulated sidecars.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -196,9 +196,9 @@ async fn watch_and_attach(
     let secrets: Api<Secret> = Api::namespaced(client, &namespace);
     let config = watcher::Config::default().labels(pod::LABEL_RUN);
     let mut events = std::pin::pin!(watcher(pods, config).default_backoff());
-    // The end signal of each pod whose sidecar runs, by UID, and every UID given one.
+    // The end signal of each Running pod given a sidecar, by UID, until the pod ended (a pod
+    // never runs again once it ended or is being deleted, so this is also every pod given one).
     let mut ends: HashMap<String, watch::Sender<bool>> = HashMap::new();
-    let mut given: HashSet<String> = HashSet::new();
     let mut sidecars = tokio::task::JoinSet::new();
     loop {
         let event = tokio::select! {
@@ -224,13 +224,14 @@ async fn watch_and_attach(
             }
             continue;
         }
-        if !running(&p) || given.contains(&uid) {
+        if !running(&p) || ends.contains_key(&uid) {
             continue;
         }
         let Some(attempt) = Attempt::of(&p) else {
             continue;
         };
-        given.insert(uid.clone());
+        let (end, pod_ended) = watch::channel(false);
+        ends.insert(uid, end);
         let db = match store(&stores, &attempt.bucket).await {
             Ok(db) => db,
             Err(e) => {
@@ -239,8 +240,6 @@ async fn watch_and_attach(
                 continue;
             }
         };
-        let (end, pod_ended) = watch::channel(false);
-        ends.insert(uid, end);
         let (secrets, counters) = (secrets.clone(), counters.clone());
         sidecars.spawn(async move {
             let counter = match hold(&attempt, &secrets, &db, pod_ended, &counters).await {
