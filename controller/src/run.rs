@@ -658,6 +658,45 @@ pub fn decide(
     }
 }
 
+/// Whether [`decide`] would create the current attempt's pod again were its absence from the
+/// pass's view confirmed ([`Observed::pod_missing`]); `seen` is the observation without that
+/// confirmation. Only then is the fresh read that confirms it worth its request: for an
+/// attempt that started, an expired lease (the takeover reads the pod itself) or an older pod
+/// that may still run, the absence decides nothing.
+///
+/// ```
+/// use chrono::{TimeZone, Utc};
+/// use cojob::{LeaseInfo, Version};
+/// use cojob_controller::run::{absence_decides, Observed, PodView, Timing};
+/// use serde_json::json;
+/// use std::time::Duration;
+/// let now = Utc.timestamp_opt(1_000, 0).unwrap();
+/// let lease = |state: serde_json::Value| LeaseInfo {
+///     epoch: 2,
+///     holder: Some("h".into()),
+///     deadline: now + chrono::Duration::seconds(600),
+///     state,
+///     version: Version { etag: Some("e".into()), generation: None },
+/// };
+/// let timing = Timing { now, skew_allowance: Duration::from_secs(5), start_timeout: Duration::from_secs(600) };
+/// let absent = Observed { current: PodView::Absent, succeeded: None, predecessors_quiescent: true, pod_missing: false, start_clock: Default::default(), waiting_since: None };
+/// let pending = lease(json!({"status": "pending", "attempt": 2, "run_id": "r", "dispatched_at": "1970-01-01T00:16:40Z"}));
+/// assert!(absence_decides(&pending, &absent, &timing));
+/// // The pod of epoch 1 may still run: epoch 2's pod waits, whether or not it exists.
+/// let blocked = Observed { predecessors_quiescent: false, ..absent.clone() };
+/// assert!(!absence_decides(&pending, &blocked, &timing));
+/// // The workload started: its pod is never created again.
+/// let running = lease(json!({"status": "running", "attempt": 2, "run_id": "r", "started_at": "t"}));
+/// assert!(!absence_decides(&running, &absent, &timing));
+/// ```
+pub fn absence_decides(lease: &LeaseInfo, seen: &Observed, timing: &Timing) -> bool {
+    let confirmed = Observed {
+        pod_missing: true,
+        ..seen.clone()
+    };
+    matches!(decide(Some(lease), &confirmed, timing), Ok(Step::CreatePod))
+}
+
 /// How long the leases of a job's attempts hold: what [`quiet_until`] trusts a deadline for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lifetimes {
@@ -1117,6 +1156,56 @@ mod tests {
             None,
             "no pod yet"
         );
+    }
+
+    /// The sweeper confirms a pod's absence only where [`absence_decides`] says so: everywhere
+    /// else the confirmation must not change the decision.
+    #[test]
+    fn an_absence_decides_only_the_creation_of_the_pod() {
+        let t = timing();
+        let states = [
+            json!({"status": "pending", "attempt": 2, "run_id": "r"}),
+            json!({"status": "pending", "attempt": 2, "run_id": "r", "dispatched_at": "2026-08-09T01:00:00Z"}),
+            json!({"status": "running", "attempt": 2, "run_id": "r", "started_at": "x"}),
+            json!({"status": "pending", "attempt": 2, "run_id": "r", "stopping_epoch": 2}),
+            json!({"status": "succeeded", "attempt": 2, "run_id": "r"}),
+            json!({"status": "pending", "attempt": 2, "run_id": "r", "cancel_requested": true}),
+            json!(null),
+        ];
+        let mut creations = 0;
+        for state in states {
+            for holder in [Some("h"), None] {
+                for deadline_in in [-60, -3, 10, 600] {
+                    let l = lease(state.clone(), holder, deadline_in);
+                    for quiescent in [true, false] {
+                        for succeeded in [None, Some(ok())] {
+                            let unconfirmed = Observed {
+                                predecessors_quiescent: quiescent,
+                                succeeded: succeeded.clone(),
+                                ..seen(PodView::Absent)
+                            };
+                            let confirmed = Observed {
+                                pod_missing: true,
+                                ..unconfirmed.clone()
+                            };
+                            let (before, after) = (
+                                decide(Some(&l), &unconfirmed, &t),
+                                decide(Some(&l), &confirmed, &t),
+                            );
+                            if absence_decides(&l, &unconfirmed, &t) {
+                                creations += 1;
+                                assert_eq!(after, Ok(Step::CreatePod), "{l:?} {unconfirmed:?}");
+                            } else {
+                                assert_eq!(before, after, "{l:?} {unconfirmed:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Held, within its deadline and the allowance (3 deadlines), never started (4 states),
+        // older pods quiescent, no success.
+        assert_eq!(creations, 12);
     }
 
     #[test]

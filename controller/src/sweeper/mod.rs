@@ -156,8 +156,12 @@ fn foreign(run_id: &str, refusal: Refusal) -> SweepError {
 }
 
 /// What the sweeper sees of a run's pods, for [`run::decide`]. When the current attempt's pod
-/// is not in the listing, one fresh read by name confirms that it does not exist (a listing
-/// taken just before another controller created it would otherwise look the same).
+/// is not in the listing and that absence would let the pod be created again
+/// ([`Step::CreatePod`]), one fresh read by name confirms that it does not exist (a listing
+/// taken just before another controller created it would otherwise look the same). An absence
+/// that decides nothing (an attempt that started, or one that waits for an older pod to stop)
+/// costs no read: under respawns those were most of a pass's reads. A takeover of an absent
+/// pod reads it in [`confirm_takeover`].
 async fn observe(
     scope: &JobScope<'_>,
     run: &ActiveRun,
@@ -165,29 +169,27 @@ async fn observe(
     pods: &RunPods,
 ) -> Result<Observed, SweepError> {
     let current_pod = lease.and_then(|l| pods.get(&l.epoch));
-    let current = pod_view(current_pod);
-    let start_clock = current_pod.map_or(run::StartClock::FromDispatch, pods::start_clock);
-    let waiting_since = current_pod.and_then(pods::waiting_since);
-    let succeeded = pods
-        .values()
-        .find_map(|p| pod_view(Some(p)).succeeded().cloned());
-    let predecessors_quiescent = lease.is_none_or(|l| pods::predecessors_quiescent(pods, l.epoch));
-    let pod_missing = match lease {
-        Some(l) if !l.is_released() && !pods.contains_key(&l.epoch) => scope
+    let mut seen = Observed {
+        current: pod_view(current_pod),
+        succeeded: pods
+            .values()
+            .find_map(|p| pod_view(Some(p)).succeeded().cloned()),
+        predecessors_quiescent: lease.is_none_or(|l| pods::predecessors_quiescent(pods, l.epoch)),
+        pod_missing: false,
+        start_clock: current_pod.map_or(run::StartClock::FromDispatch, pods::start_clock),
+        waiting_since: current_pod.and_then(pods::waiting_since),
+    };
+    if let Some(l) = lease
+        && current_pod.is_none()
+        && run::absence_decides(l, &seen, &scope.timing())
+    {
+        seen.pod_missing = scope
             .pods
             .get_opt(&crate::pod::pod_name(&run.run_id, l.epoch))
             .await?
-            .is_none(),
-        _ => false,
-    };
-    Ok(Observed {
-        current,
-        succeeded,
-        predecessors_quiescent,
-        pod_missing,
-        start_clock,
-        waiting_since,
-    })
+            .is_none();
+    }
+    Ok(seen)
 }
 
 /// The run's next step ([`run::decide`]) on what is observed of `pods`, with what was observed.
@@ -365,21 +367,21 @@ pub async fn sync_run(
 /// A takeover is decided on the pod cache, which may lag the API server (an overloaded
 /// watch), and costs a write, a fence and a new pod: before it, read the current attempt's
 /// pod fresh (one GET, only on this rare path). If the API server holds a newer copy (the
-/// workload ended, the pod succeeded), decide again on it and return the run's pods with it;
-/// `None` keeps the decision (the same copy, or the pod is gone, which a takeover is for).
+/// workload ended, the pod succeeded), or a pod the cache has not seen yet, decide again on it
+/// and return the run's pods with it; `None` keeps the decision (the same copy, or the pod is
+/// gone, which a takeover is for).
 async fn confirm_takeover(
     scope: &JobScope<'_>,
     run: &ActiveRun,
     lease: &LeaseInfo,
     pods: &RunPods,
 ) -> Result<Option<(RunPods, Step, Observed)>, SweepError> {
-    let Some(cached) = pods.get(&lease.epoch) else {
-        return Ok(None); // `observe` has read its absence fresh already
-    };
-    let Some(fresh) = scope.pods.get_opt(&cached.name_any()).await? else {
+    let cached = pods.get(&lease.epoch);
+    let name = crate::pod::pod_name(&run.run_id, lease.epoch);
+    let Some(fresh) = scope.pods.get_opt(&name).await? else {
         return Ok(None);
     };
-    if fresh.resource_version() == cached.resource_version() {
+    if cached.is_some_and(|c| c.resource_version() == fresh.resource_version()) {
         return Ok(None);
     }
     let mut refreshed = pods.clone();
