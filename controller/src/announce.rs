@@ -18,7 +18,7 @@ use futures::StreamExt;
 use kube::runtime::events::EventType;
 
 use crate::context::JobScope;
-use crate::metrics::RunOutcome;
+use crate::metrics::{RunOutcome, TakeoverOf};
 
 /// One Event to publish about the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +31,9 @@ pub struct Announcement {
     pub note: String,
     /// The run's pod the Event concerns, if any (its `related` object).
     pub pod: Option<String>,
+    /// For a `LeaseLost` Event, where the lost attempt stood: counted in
+    /// `cojob_takeovers_total{status}`.
+    pub takeover: Option<TakeoverOf>,
 }
 
 /// The Events one pass will publish, in the order they were announced.
@@ -58,6 +61,14 @@ impl Announcements {
         self.push(EventType::Warning, reason, note, Some(pod.into()));
     }
 
+    /// A `LeaseLost` Warning: this controller took over the lease of an attempt in `of`.
+    pub fn lease_lost(&mut self, of: TakeoverOf, note: String, pod: &str) {
+        self.push(EventType::Warning, "LeaseLost", note, Some(pod.into()));
+        if let Some(last) = self.0.last_mut() {
+            last.takeover = Some(of);
+        }
+    }
+
     /// An Event of either type.
     pub fn push(
         &mut self,
@@ -71,6 +82,7 @@ impl Announcements {
             reason,
             note,
             pod,
+            takeover: None,
         });
     }
 
@@ -102,9 +114,11 @@ impl Announcements {
                 "RunCancelled" => {
                     metrics.run_ended(RunOutcome::Cancelled, &scope.namespace, &scope.name, now)
                 }
-                "LeaseLost" => metrics.took_over(),
                 "RunRespawned" => metrics.respawned(),
                 _ => {}
+            }
+            if let Some(of) = a.takeover {
+                metrics.took_over(of);
             }
         }
         futures::stream::iter(self.0)

@@ -71,6 +71,18 @@ pub enum ErrorKind {
     Other,
 }
 
+/// Where the workload of an attempt whose lease was taken over stood: what tells a controller
+/// that renewed too late (an attempt still pending, whose lease only the controller renews)
+/// from a sidecar that went silent (a running one: its node, its network or the sidecar itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TakeoverOf {
+    /// The workload had not started: the controller kept the lease, or the pod ran and its
+    /// sidecar never attached.
+    Pending,
+    /// The workload had started, and its sidecar stopped renewing.
+    Running,
+}
+
 /// Label values in lowercase, as Prometheus conventions have them.
 macro_rules! label_values {
     ($($ty:ty { $($variant:ident => $text:literal),+ $(,)? })+) => {$(
@@ -92,6 +104,7 @@ label_values! {
     RunOutcome { Succeeded => "succeeded", Failed => "failed", Cancelled => "cancelled" }
     DecisionKind { Run => "run", Skipped => "skipped", Missed => "missed" }
     ErrorKind { Store => "store", Kubernetes => "kubernetes", Other => "other" }
+    TakeoverOf { Pending => "pending", Running => "running" }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -102,6 +115,11 @@ struct OutcomeLabel {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct KindLabel {
     kind: DecisionKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StatusLabel {
+    status: TakeoverOf,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -121,7 +139,7 @@ pub struct Metrics {
     registry: Registry,
     runs: Family<OutcomeLabel, Counter>,
     decisions: Family<KindLabel, Counter>,
-    takeovers: Counter,
+    takeovers: Family<StatusLabel, Counter>,
     respawns: Counter,
     dispatch_lag: Histogram,
     tick_pickup: Histogram,
@@ -196,7 +214,7 @@ impl Metrics {
         let mut m = Metrics {
             runs: Family::default(),
             decisions: Family::default(),
-            takeovers: Counter::default(),
+            takeovers: Family::default(),
             respawns: Counter::default(),
             // 10 ms .. ~10 min
             dispatch_lag: Histogram::new(exponential_buckets(0.01, 2.0, 17)),
@@ -221,7 +239,8 @@ impl Metrics {
         );
         m.registry.register(
             "cojob_takeovers",
-            "Leases taken over after their holder went silent (a new epoch)",
+            "Leases taken over after their holder went silent (a new epoch), by the run's status \
+             when it was lost (pending: the workload had not started)",
             m.takeovers.clone(),
         );
         m.registry.register(
@@ -299,9 +318,9 @@ impl Metrics {
         self.decisions.get_or_create(&KindLabel { kind }).inc();
     }
 
-    /// This controller took a silent lease over.
-    pub fn took_over(&self) {
-        self.takeovers.inc();
+    /// This controller took a silent lease over, from an attempt in `status`.
+    pub fn took_over(&self, status: TakeoverOf) {
+        self.takeovers.get_or_create(&StatusLabel { status }).inc();
     }
 
     /// This controller started an attempt again under a new epoch.

@@ -185,9 +185,19 @@ async fn an_expired_lease_is_stolen_the_stale_pod_fenced_and_attempts_bounded() 
     assert_eq!(h.lease("lost", "lost-once").await.unwrap().epoch, 1);
     // The pod's sidecar never renews (no kubelet): past ttl + allowance the sweeper steals.
     h.advance(Duration::from_secs(3));
-    h.settle("lost", 2).await;
+    let cx = h.context(&Budget::unlimited());
+    for _ in 0..2 {
+        h.reconcile_with(&cx, "lost").await.expect("a pass");
+    }
     let lease = h.lease("lost", "lost-once").await.unwrap();
     assert_eq!((lease.epoch, state(&lease).attempt), (2, 2));
+    // Counted as the takeover of a running attempt: its sidecar went silent.
+    let text = cx.metrics.encode();
+    assert!(
+        text.contains("cojob_takeovers_total{status=\"running\"} 1")
+            && !text.contains("status=\"pending\""),
+        "{text}"
+    );
     assert_eq!(
         h.live_pod_names("lost").await,
         ["lost-once-2"],
@@ -456,6 +466,48 @@ async fn a_pass_later_than_the_ttl_does_not_take_a_pending_attempt_over() {
         "the sidecar's ttl: {lease:?}"
     );
     // Never started past the start timeout: the attempt fails, not a takeover.
+    h.cleanup().await;
+}
+
+/// A pending attempt's lease is the controller's to renew: when no pass came for the whole
+/// start timeout (a controller down, or far behind), it is taken over, and counted apart from
+/// a silent sidecar's, since it says the controller, not a node, fell behind.
+#[tokio::test]
+async fn a_pending_attempt_no_pass_renewed_is_taken_over_and_counted_as_pending() {
+    let h = Harness::new("it-pending-lost").await;
+    h.create_job(
+        "queued",
+        json!({"maxAttempts": 3, "lease": {"ttlSeconds": 20}, "startTimeoutSeconds": 60}),
+    )
+    .await;
+    h.settle("queued", 1).await;
+    // Placed on a node whose kubelet never takes it up: queued, so no start timeout runs.
+    h.bind_pod("queued-once-1", "node-without-kubelet").await;
+    h.advance(Duration::from_secs(66));
+    let cx = h.context(&Budget::unlimited());
+    for _ in 0..2 {
+        h.reconcile_with(&cx, "queued").await.expect("a pass");
+    }
+    let lease = h.lease("queued", "queued-once").await.unwrap();
+    assert_eq!(
+        (lease.epoch, state(&lease).attempt),
+        (2, 1),
+        "a takeover of a pod that never started costs no attempt: {lease:?}"
+    );
+    let text = cx.metrics.encode();
+    assert!(
+        text.contains("cojob_takeovers_total{status=\"pending\"} 1")
+            && !text.contains("status=\"running\""),
+        "{text}"
+    );
+    let lost = h.events_with_reason("queued", "LeaseLost").await;
+    let notes: Vec<_> = lost.iter().filter_map(|e| e.note.as_deref()).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("before its workload started")),
+        "{notes:?}"
+    );
     h.cleanup().await;
 }
 

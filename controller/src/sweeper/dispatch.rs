@@ -11,6 +11,7 @@ use super::{
 use crate::announce::Announcements;
 use crate::context::JobScope;
 use crate::index::ActiveRun;
+use crate::metrics::TakeoverOf;
 use crate::pod::{LABEL_JOB, LABEL_RUN, RunIdentity, SidecarConfig};
 use crate::run::{self, Acquire, Refusal, RunState};
 
@@ -125,10 +126,18 @@ pub async fn dispatch(
     // Announced by the controller that acquired the epoch, not by one that attached to it.
     if let Some(lost) = prev.filter(|p| acquired_here && !p.is_released()) {
         // Taken over from a holder that went silent (the lease was held, and expired).
-        said.run_warning(
-            "LeaseLost",
+        let (of, how) = if RunState::parse(&lost.state).is_ok_and(|s| s.never_started()) {
+            (TakeoverOf::Pending, "before its workload started")
+        } else {
+            (
+                TakeoverOf::Running,
+                "while its workload ran (pod gone or silent)",
+            )
+        };
+        said.lease_lost(
+            of,
             format!(
-                "run {}: the lease of epoch {} expired (pod gone or silent); taken over by epoch {epoch}",
+                "run {}: the lease of epoch {} expired {how}; taken over by epoch {epoch}",
                 run.run_id, lost.epoch
             ),
             &crate::pod::pod_name(&run.run_id, lost.epoch),

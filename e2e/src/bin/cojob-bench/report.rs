@@ -118,6 +118,7 @@ pub fn tables(results: &[SizeResult]) -> String {
     }
     t.push_str(&passes_table(results));
     t.push_str(&api_requests_table(results));
+    t.push_str(&takeovers_line(results));
     t.push_str(&by_tick_table(results));
     for r in results {
         if let Some(s) = &r.simulated_sidecars {
@@ -208,6 +209,33 @@ fn api_requests_table(results: &[SizeResult]) -> String {
         r.controller_api_requests_per_run.values().sum()
     });
     t
+}
+
+/// The controller's own count of its takeovers, by where the lost attempt stood, for each
+/// size that counted them (empty if none did): what tells a controller behind on its
+/// renewals (pending) from sidecars gone silent (running).
+fn takeovers_line(results: &[SizeResult]) -> String {
+    let sizes: Vec<String> = results
+        .iter()
+        .filter(|r| !r.controller_takeovers.is_empty())
+        .map(|r| {
+            let of = |status: &str| r.controller_takeovers.get(status).copied().unwrap_or(0.0);
+            format!(
+                "N = {} ({}): {} pending, {} running",
+                r.n,
+                nodes_label(r.nodes),
+                of("pending"),
+                of("running")
+            )
+        })
+        .collect();
+    if sizes.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\nThe cojob controller's takeovers in the window, by the lost attempt's status (`cojob_takeovers_total`; pending: the lease was the controller's to renew, or the pod ran and its sidecar never attached; running: its sidecar went silent): {}.\n",
+        sizes.join("; ")
+    )
 }
 
 /// The respawned runs, split into new attempts and takeovers where the report counted them.

@@ -77,6 +77,8 @@ pub struct ControllerMetrics {
     pub passes: Histo,
     /// `cojob_kube_requests_total` by [`kube_requests`]' keys (empty from a build before it).
     pub kube_requests: BTreeMap<String, f64>,
+    /// `cojob_takeovers_total` by status (empty from a build before the label).
+    pub takeovers: BTreeMap<String, f64>,
 }
 
 pub async fn controller_metrics(metrics: &str) -> anyhow::Result<ControllerMetrics> {
@@ -94,6 +96,7 @@ pub async fn controller_metrics(metrics: &str) -> anyhow::Result<ControllerMetri
         pickup: read("cojob_tick_pickup_seconds")?,
         passes: read("cojob_reconcile_duration_seconds")?,
         kube_requests: kube_requests(&text),
+        takeovers: takeovers(&text),
     })
 }
 
@@ -101,9 +104,38 @@ pub async fn controller_metrics(metrics: &str) -> anyhow::Result<ControllerMetri
 /// status appended where it is not a success (`create pods 409`): a conflict or a refusal is
 /// a cost of its own.
 fn kube_requests(text: &str) -> BTreeMap<String, f64> {
+    counter_by(text, "cojob_kube_requests_total", |label| {
+        let (code, key) = (
+            label("code"),
+            format!("{} {}", label("verb"), label("resource")),
+        );
+        if code.starts_with('2') {
+            key
+        } else {
+            format!("{key} {code}")
+        }
+    })
+}
+
+/// The controller's takeovers (`cojob_takeovers_total`) by the lost attempt's status
+/// (pending, running); empty from a build before the label.
+fn takeovers(text: &str) -> BTreeMap<String, f64> {
+    counter_by(text, "cojob_takeovers_total", |label| label("status"))
+}
+
+/// The series of the labelled counter `name`, summed by the key `key` makes of their labels
+/// (it reads a label's value by name; `?` if absent).
+fn counter_by(
+    text: &str,
+    name: &str,
+    key: impl Fn(&dyn Fn(&str) -> String) -> String,
+) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("cojob_kube_requests_total{") else {
+        let Some(rest) = line
+            .strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix('{'))
+        else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once("} ") else {
@@ -112,22 +144,18 @@ fn kube_requests(text: &str) -> BTreeMap<String, f64> {
         let Ok(value) = value.parse::<f64>() else {
             continue;
         };
-        let label = |name: &str| {
+        let label = |wanted: &str| {
             labels
                 .split(',')
                 .find_map(|kv| {
-                    kv.strip_prefix(name)?
+                    kv.strip_prefix(wanted)?
                         .strip_prefix("=\"")?
                         .strip_suffix('"')
                 })
                 .unwrap_or("?")
+                .to_string()
         };
-        let code = label("code");
-        let mut key = format!("{} {}", label("verb"), label("resource"));
-        if !code.starts_with('2') {
-            key = format!("{key} {code}");
-        }
-        *out.entry(key).or_insert(0.0) += value;
+        *out.entry(key(&label)).or_insert(0.0) += value;
     }
     out
 }
@@ -295,7 +323,7 @@ apiserver_flowcontrol_dispatched_requests_total{{flow_schema=\"exempt\",priority
     }
 
     #[test]
-    fn the_controllers_api_requests_are_read_by_verb_and_resource_with_failures_apart() {
+    fn the_controllers_api_requests_and_takeovers_are_read_by_their_labels() {
         let text = "\
 # HELP cojob_kube_requests Requests this process sent
 # TYPE cojob_kube_requests counter
@@ -304,7 +332,13 @@ cojob_kube_requests_total{verb=\"create\",resource=\"pods\",code=\"409\"} 1
 cojob_kube_requests_total{verb=\"patch\",resource=\"coordinatedjobs/status\",code=\"200\"} 8
 cojob_kube_requests_total{verb=\"get\",resource=\"pods\",code=\"error\"} 2
 cojob_store_requests_total{op=\"get\",outcome=\"ok\"} 99
+cojob_takeovers_total{status=\"pending\"} 3
+cojob_takeovers_total{status=\"running\"} 5
 ";
+        assert_eq!(
+            takeovers(text).into_iter().collect::<Vec<_>>(),
+            vec![("pending".to_string(), 3.0), ("running".into(), 5.0)]
+        );
         let read = kube_requests(text);
         assert_eq!(
             read.into_iter().collect::<Vec<_>>(),

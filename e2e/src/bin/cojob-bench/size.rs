@@ -58,6 +58,10 @@ pub struct SizeResult {
     /// `cojob_kube_requests_total`; empty in reports from before it, or if it restarted).
     #[serde(default)]
     pub controller_api_requests_per_run: BTreeMap<String, f64>,
+    /// The controller's takeovers in the window, by the lost attempt's status (its own
+    /// `cojob_takeovers_total`; empty in reports from before the label, or if it restarted).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub controller_takeovers: BTreeMap<String, f64>,
     pub kube_controller_manager_api_requests_per_tick: f64,
     /// CPU seconds per tick of what both kinds share: API server, etcd, scheduler, kwok.
     pub shared_cpu_seconds_per_tick: f64,
@@ -98,6 +102,7 @@ struct Costs {
     pickup: Histo,
     passes: Histo,
     kube_requests: BTreeMap<String, f64>,
+    takeovers: BTreeMap<String, f64>,
     controller_api: ApiCounters,
     kcm_api: ApiCounters,
 }
@@ -113,6 +118,7 @@ impl Costs {
             pickup,
             passes,
             kube_requests,
+            takeovers,
         } = controller_metrics(metrics).await?;
         let (controller_api, kcm_api) = api_requests().await?;
         Ok(Costs {
@@ -127,6 +133,7 @@ impl Costs {
             pickup,
             passes,
             kube_requests,
+            takeovers,
             controller_api,
             kcm_api,
         })
@@ -487,6 +494,15 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
                     )
                 })
                 .filter(|(_, v)| *v > 0.0)
+                .collect()
+        },
+        controller_takeovers: if restarted {
+            BTreeMap::new()
+        } else {
+            after
+                .takeovers
+                .iter()
+                .map(|(k, v)| (k.clone(), v - before.takeovers.get(k).unwrap_or(&0.0)))
                 .collect()
         },
         controller_api_requests_per_tick: (after.controller_api.dispatched
