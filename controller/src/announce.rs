@@ -63,10 +63,13 @@ impl Announcements {
 
     /// A `LeaseLost` Warning: this controller took over the lease of an attempt in `of`.
     pub fn lease_lost(&mut self, of: TakeoverOf, note: String, pod: &str) {
-        self.push(EventType::Warning, "LeaseLost", note, Some(pod.into()));
-        if let Some(last) = self.0.last_mut() {
-            last.takeover = Some(of);
-        }
+        self.0.push(Announcement {
+            type_: EventType::Warning,
+            reason: "LeaseLost",
+            note,
+            pod: Some(pod.into()),
+            takeover: Some(of),
+        });
     }
 
     /// An Event of either type.

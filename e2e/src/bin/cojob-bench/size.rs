@@ -140,6 +140,17 @@ impl Costs {
     }
 }
 
+/// What each series of a labelled counter (`after`) counted since `before`.
+fn counted_since(
+    after: &BTreeMap<String, f64>,
+    before: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).unwrap_or(&0.0)))
+        .collect()
+}
+
 /// One size to measure: N of each kind, where, and how often they tick.
 #[derive(Debug, Clone, Copy)]
 pub struct Size {
@@ -484,26 +495,16 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         controller_api_requests_per_run: if restarted {
             BTreeMap::new()
         } else {
-            after
-                .kube_requests
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        (v - before.kube_requests.get(k).unwrap_or(&0.0)) / runs,
-                    )
-                })
+            counted_since(&after.kube_requests, &before.kube_requests)
+                .into_iter()
+                .map(|(k, v)| (k, v / runs))
                 .filter(|(_, v)| *v > 0.0)
                 .collect()
         },
         controller_takeovers: if restarted {
             BTreeMap::new()
         } else {
-            after
-                .takeovers
-                .iter()
-                .map(|(k, v)| (k.clone(), v - before.takeovers.get(k).unwrap_or(&0.0)))
-                .collect()
+            counted_since(&after.takeovers, &before.takeovers)
         },
         controller_api_requests_per_tick: (after.controller_api.dispatched
             - before.controller_api.dispatched)
