@@ -12,7 +12,7 @@
 //! For each size N: a fresh namespace with N CronJobs and N CoordinatedJobs on the same
 //! schedule (`*/every * * * *`), with the same pod (busybox `true`, host network). Sizes of
 //! `--n` run on the real node; sizes of `--kwok` on the simulated nodes of `e2e/bench/kwok`
-//! (nothing runs there: a pod is Running when bound and Succeeded 2 to 7 s later; the bench
+//! (nothing runs there: a pod is Running when bound and Succeeded 2 to 5 s later; the bench
 //! plays each run pod's sidecar against the bucket, module `sidecars`, unless
 //! `--no-kwok-sidecars`). After the
 //! ticks, both kinds are suspended and the pods are read back:
@@ -224,7 +224,7 @@ enum Nodes {
     /// The cluster's one real kubelet: start lag is real.
     Real,
     /// The simulated nodes of `e2e/bench/kwok` (label `type=kwok`): nothing runs, a pod is
-    /// Running as soon as it is bound and Succeeded 2 to 7 s later, so dispatch lag and the
+    /// Running as soon as it is bound and Succeeded 2 to 5 s later, so dispatch lag and the
     /// controllers' cost are real, start lag is the scheduler's and kwok's.
     Kwok,
 }

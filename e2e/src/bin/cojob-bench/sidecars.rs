@@ -21,7 +21,7 @@
 //! reads them on kwok. One store client serves every simulated sidecar of a bucket, where each
 //! real one opens its own; the requests are the same.
 //!
-//! One difference remains: kwok moves a pod to Succeeded 2 to 7 s after Running whether its
+//! One difference remains: kwok moves a pod to Succeeded 2 to 5 s after Running whether its
 //! sidecar attached or not, where a real workload starts only after the attach. A pod that
 //! ended before its simulated sidecar attached leaves the lease to the controller, as it did
 //! without simulated sidecars.
