@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Timelike, Utc};
 
-/// The first tick of `*/every * * * *` after `t`.
+/// The first tick of [`schedule`]`(every)` after `t`.
 fn next_tick(t: DateTime<Utc>, every: u32) -> DateTime<Utc> {
     let floor = t
         .with_second(0)
@@ -29,12 +29,13 @@ pub fn first_measured_tick(
     next_tick(created + room, every).max(their_second)
 }
 
-/// The cron expression of a tick every `every` minutes.
+/// The cron expression of a tick every `every` minutes, a divisor of 60: hourly ticks fall
+/// on the hour (cron's minute field ends at 59, so `*/60` is no schedule).
 pub fn schedule(every: u32) -> String {
-    if every == 1 {
-        "* * * * *".into()
-    } else {
-        format!("*/{every} * * * *")
+    match every {
+        1 => "* * * * *".into(),
+        60 => "0 * * * *".into(),
+        _ => format!("*/{every} * * * *"),
     }
 }
 
@@ -60,8 +61,13 @@ mod tests {
             next_tick(t("2026-12-03T18:55:01Z"), 5),
             t("2026-12-03T19:00:00Z")
         );
+        assert_eq!(
+            next_tick(t("2026-12-03T18:00:00Z"), 60),
+            t("2026-12-03T19:00:00Z")
+        );
         assert_eq!(schedule(1), "* * * * *");
         assert_eq!(schedule(5), "*/5 * * * *");
+        assert_eq!(schedule(60), "0 * * * *");
     }
 
     #[test]
@@ -82,6 +88,12 @@ mod tests {
         assert_eq!(
             first_measured_tick(t("2026-12-06T07:13:00Z"), room(1100), 15),
             t("2026-12-06T07:45:00Z")
+        );
+        // Hourly ticks (a size the simulated nodes play out in more than half an hour):
+        // created at 07:02, the objects' first tick is 08:00 and their second is measured.
+        assert_eq!(
+            first_measured_tick(t("2026-12-06T07:02:00Z"), room(655), 60),
+            t("2026-12-06T09:00:00Z")
         );
         // One-minute ticks without a prestart: the second minute after creation.
         assert_eq!(
