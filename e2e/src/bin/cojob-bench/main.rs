@@ -10,12 +10,12 @@
 //! ```
 //!
 //! For each size N: a fresh namespace with N CronJobs and N CoordinatedJobs on the same
-//! schedule (`*/every * * * *`), with the same pod (busybox `true`, host network). Sizes of
-//! `--n` run on the real node; sizes of `--kwok` on the simulated nodes of `e2e/bench/kwok`
-//! (nothing runs there: a pod is Running when bound and Succeeded 2 to 5 s later; the bench
-//! plays each run pod's sidecar against the bucket, module `sidecars`, unless
-//! `--no-kwok-sidecars`). After the
-//! ticks, both kinds are suspended and the pods are read back:
+//! schedule (`*/every * * * *`, or `0 * * * *` hourly), with the same pod (busybox `true`,
+//! host network). Sizes of `--n` run on the real node; sizes of `--kwok` on the simulated
+//! nodes of `e2e/bench/kwok` (nothing runs there: a pod is Running when bound and Succeeded
+//! 2 to 5 s later; the bench plays each run pod's sidecar against the bucket, module
+//! `sidecars`, unless `--no-kwok-sidecars`). After the ticks, both kinds are suspended and
+//! the pods are read back:
 //!
 //! - **dispatch lag**: the pod's creation minus the tick it serves (for CronJob, the tick is its
 //!   Job's `batch.kubernetes.io/cronjob-scheduled-timestamp`; for cojob, `COJOB_FIRE_TIME`);
