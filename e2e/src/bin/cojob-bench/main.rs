@@ -1,7 +1,7 @@
 //! Punctuality and cost, side by side with CronJob, on the real cluster (`e2e/bench/run`).
 //!
 //! ```text
-//! cojob-bench [--n 10,100] [--ticks 3] [--every 1] [--kwok 1000,10000] [--kwok-every 5]
+//! cojob-bench [--n 10,100] [--ticks 3] [--every 1] [--kwok 1000,10000] [--kwok-every 10,60]
 //!             [--kwok-ticks 5] [--no-kwok-sidecars] [--recovery K] [--recovery-ttl 12,30]
 //!             [--cost K] [--cost-seconds 1,300] [--cost-ttl 30] [--idle K] [--idle-minutes 11]
 //!             [--history K] [--history-runs 4]
@@ -11,11 +11,12 @@
 //!
 //! For each size N: a fresh namespace with N CronJobs and N CoordinatedJobs on the same
 //! schedule (`*/every * * * *`, or `0 * * * *` hourly), with the same pod (busybox `true`,
-//! host network). Sizes of `--n` run on the real node; sizes of `--kwok` on the simulated
-//! nodes of `e2e/bench/kwok` (nothing runs there: a pod is Running when bound and Succeeded
-//! 2 to 5 s later; the bench plays each run pod's sidecar against the bucket, module
-//! `sidecars`, unless `--no-kwok-sidecars`). After the ticks, both kinds are suspended and
-//! the pods are read back:
+//! host network). `--every`, `--ticks`, `--kwok-every` and `--kwok-ticks` take one value for
+//! all their sizes or one per size. Sizes of `--n` run on the real node; sizes of `--kwok` on
+//! the simulated nodes of `e2e/bench/kwok` (nothing runs there: a pod is Running when bound
+//! and Succeeded 2 to 5 s later; the bench plays each run pod's sidecar against the bucket,
+//! module `sidecars`, unless `--no-kwok-sidecars`). After the ticks, both kinds are suspended
+//! and the pods are read back:
 //!
 //! - **dispatch lag**: the pod's creation minus the tick it serves (for CronJob, the tick is its
 //!   Job's `batch.kubernetes.io/cronjob-scheduled-timestamp`; for cojob, `COJOB_FIRE_TIME`);
@@ -81,17 +82,38 @@ struct Options {
     /// Sizes on the simulated nodes of `e2e/bench/kwok`, comma-separated.
     #[arg(long = "kwok", value_name = "N,N", default_value = "", value_parser = sizes)]
     kwok_sizes: Sizes,
-    /// Ticks measured on the real node (both kinds keep 10 finished runs, so at most 10).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=10))]
-    ticks: u32,
-    /// Minutes between ticks (`*/every * * * *`; 60: on the hour) on the real node.
-    #[arg(long, value_name = "MINUTES", default_value_t = 1, value_parser = divides_hour)]
-    every: u32,
-    /// Minutes between ticks on the simulated nodes. They end about 7.5 pods a second on 2
-    /// cores, so a tick of N jobs of both kinds takes N / 3.75 s to play out: at N = 10 000
-    /// only hourly ticks (60) leave none of a tick's runs active at the next.
-    #[arg(long, value_name = "MINUTES", default_value_t = 5, value_parser = divides_hour)]
-    kwok_every: u32,
+    /// Ticks measured on the real node (both kinds keep 10 finished runs, so at most 10): one
+    /// count for every size of `--n`, or one per size, comma-separated.
+    #[arg(
+        long,
+        value_name = "K,K",
+        value_delimiter = ',',
+        default_value = "3",
+        value_parser = clap::value_parser!(u32).range(1..=10)
+    )]
+    ticks: Vec<u32>,
+    /// Minutes between ticks (`*/every * * * *`; 60: on the hour) on the real node: one period
+    /// for every size of `--n`, or one per size, comma-separated.
+    #[arg(
+        long,
+        value_name = "MINUTES,MINUTES",
+        value_delimiter = ',',
+        default_value = "1",
+        value_parser = divides_hour
+    )]
+    every: Vec<u32>,
+    /// Minutes between ticks on the simulated nodes: one period for every size of `--kwok`, or
+    /// one per size, comma-separated (`--kwok 1000,10000 --kwok-every 10,60`). They end about
+    /// 7.5 pods a second on 2 cores, so a tick of N jobs of both kinds takes N / 3.75 s to play
+    /// out: at N = 10 000 only hourly ticks (60) leave none of a tick's runs active at the next.
+    #[arg(
+        long,
+        value_name = "MINUTES,MINUTES",
+        value_delimiter = ',',
+        default_value = "5",
+        value_parser = divides_hour
+    )]
+    kwok_every: Vec<u32>,
     /// The CoordinatedJobs' `prestartSeconds`: each tick's run is decided and its pod created
     /// this long before the tick, and its workload still starts at the tick (0: at the tick).
     #[arg(long, value_name = "SECONDS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600))]
@@ -107,9 +129,16 @@ struct Options {
     /// lease expires.
     #[arg(long)]
     no_kwok_sidecars: bool,
-    /// Ticks measured on the simulated nodes (at most 10).
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=10))]
-    kwok_ticks: u32,
+    /// Ticks measured on the simulated nodes (at most 10): one count for every size of
+    /// `--kwok`, or one per size, comma-separated.
+    #[arg(
+        long,
+        value_name = "K,K",
+        value_delimiter = ',',
+        default_value = "5",
+        value_parser = clap::value_parser!(u32).range(1..=10)
+    )]
+    kwok_ticks: Vec<u32>,
     /// Recoveries to measure for each fault at each lease ttl of `--recovery-ttl`.
     #[arg(long = "recovery", value_name = "K", default_value_t = 0)]
     recoveries: usize,
@@ -211,6 +240,55 @@ fn divides_hour(v: &str) -> Result<u32, String> {
     }
 }
 
+/// The sizes of one kind of node, each with its tick period and count: `every` and `ticks`
+/// (each named by its option, for the error) hold one value for every size or one per size.
+fn sizes_to_measure(
+    sizes: &[usize],
+    nodes: Nodes,
+    (every_option, every): (&str, &[u32]),
+    (ticks_option, ticks): (&str, &[u32]),
+) -> anyhow::Result<Vec<Size>> {
+    let every = per_size(every_option, every, sizes)?;
+    let ticks = per_size(ticks_option, ticks, sizes)?;
+    Ok(sizes
+        .iter()
+        .zip(every.zip(ticks))
+        .map(|(&n, (every, ticks))| Size {
+            n,
+            nodes,
+            every,
+            ticks,
+        })
+        .collect())
+}
+
+/// One value of `option` for each of `sizes`: its only value repeated, or its values in the
+/// sizes' order; any other count is an error that names the option.
+fn per_size<'a>(
+    option: &str,
+    values: &'a [u32],
+    sizes: &[usize],
+) -> anyhow::Result<impl Iterator<Item = u32> + 'a> {
+    ensure!(
+        values.len() == 1 || values.len() == sizes.len(),
+        "{option} gives {} values ({}) for {} sizes ({}): give one for all, or one per size",
+        values.len(),
+        join(values),
+        sizes.len(),
+        join(sizes)
+    );
+    // One value cycles over every size; one per size is taken once, in order.
+    Ok(values.iter().copied().cycle().take(sizes.len()))
+}
+
+fn join<T: ToString>(values: &[T]) -> String {
+    values
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 fn at_least_five(v: &str) -> Result<f64, String> {
     match v.parse::<f64>() {
         Ok(m) if (5.0..=120.0).contains(&m) => Ok(m),
@@ -237,18 +315,18 @@ async fn main() -> anyhow::Result<()> {
     let o = <Options as clap::Parser>::parse();
     let client = cojob_e2e::client().await;
     let mut report = Report::default();
-    let real = o.sizes.iter().map(|&n| Size {
-        n,
-        nodes: Nodes::Real,
-        every: o.every,
-        ticks: o.ticks,
-    });
-    let kwok = o.kwok_sizes.iter().map(|&n| Size {
-        n,
-        nodes: Nodes::Kwok,
-        every: o.kwok_every,
-        ticks: o.kwok_ticks,
-    });
+    let real = sizes_to_measure(
+        &o.sizes,
+        Nodes::Real,
+        ("--every", &o.every),
+        ("--ticks", &o.ticks),
+    )?;
+    let kwok = sizes_to_measure(
+        &o.kwok_sizes,
+        Nodes::Kwok,
+        ("--kwok-every", &o.kwok_every),
+        ("--kwok-ticks", &o.kwok_ticks),
+    )?;
     // Idle jobs first, while they are the controller's only ones.
     if o.idle_jobs > 0 {
         let idle = idle::measure(&client, &o.metrics, o.idle_jobs, o.idle_minutes).await?;
@@ -277,7 +355,7 @@ async fn main() -> anyhow::Result<()> {
             .history
             .push(history::measure(&client, o.history_jobs, runs).await?);
     }
-    for size in real.chain(kwok).collect::<Vec<_>>() {
+    for size in real.into_iter().chain(kwok) {
         report.sizes.push(run_size(&client, &o, size).await?);
     }
     if let Some(path) = &o.merge {
@@ -358,4 +436,128 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_period_serves_every_size_and_a_list_one_each() {
+        let one = sizes_to_measure(
+            &[1000, 10_000],
+            Nodes::Kwok,
+            ("--kwok-every", &[5]),
+            ("--kwok-ticks", &[3]),
+        )
+        .unwrap();
+        let periods: Vec<_> = one.iter().map(|s| (s.n, s.every, s.ticks)).collect();
+        assert_eq!(periods, [(1000, 5, 3), (10_000, 5, 3)]);
+
+        let each = sizes_to_measure(
+            &[1000, 6120, 10_000],
+            Nodes::Kwok,
+            ("--kwok-every", &[10, 30, 60]),
+            ("--kwok-ticks", &[5, 4, 2]),
+        )
+        .unwrap();
+        let periods: Vec<_> = each.iter().map(|s| (s.n, s.every, s.ticks)).collect();
+        assert_eq!(periods, [(1000, 10, 5), (6120, 30, 4), (10_000, 60, 2)]);
+        assert!(each.iter().all(|s| s.nodes == Nodes::Kwok));
+    }
+
+    #[test]
+    fn a_list_of_another_length_names_its_option() {
+        let e = sizes_to_measure(
+            &[1000, 6120, 10_000],
+            Nodes::Kwok,
+            ("--kwok-every", &[10, 60]),
+            ("--kwok-ticks", &[5]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "--kwok-every gives 2 values (10,60) for 3 sizes (1000,6120,10000): give one for all, or one per size"
+        );
+        let e = sizes_to_measure(&[10], Nodes::Real, ("--every", &[1]), ("--ticks", &[2, 3]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("--ticks gives 2 values"), "{e}");
+    }
+
+    /// The argument lists `e2e/bench/run` passes (its default and `--ci`), so that a change of
+    /// the options cannot leave the command (and CI's small run) behind.
+    #[test]
+    fn the_bench_commands_arguments_parse_and_fit_their_sizes() {
+        let script =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/bench/run")).unwrap();
+        let mut lists = Vec::new();
+        let mut rest = script.as_str();
+        // Its literal lists (not `args=("$@")`, the caller's own).
+        while let Some(start) = rest.find("args=(--") {
+            let after = &rest[start + "args=(".len()..];
+            let end = after.find(')').unwrap();
+            lists.push(after[..end].split_whitespace().collect::<Vec<_>>());
+            rest = &after[end..];
+        }
+        assert_eq!(lists.len(), 2, "the default and --ci");
+        for args in lists {
+            let o = <Options as clap::Parser>::try_parse_from(
+                std::iter::once("cojob-bench").chain(args.iter().copied()),
+            )
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            let kwok = sizes_to_measure(
+                &o.kwok_sizes,
+                Nodes::Kwok,
+                ("--kwok-every", &o.kwok_every),
+                ("--kwok-ticks", &o.kwok_ticks),
+            )
+            .unwrap();
+            let real = sizes_to_measure(
+                &o.sizes,
+                Nodes::Real,
+                ("--every", &o.every),
+                ("--ticks", &o.ticks),
+            )
+            .unwrap();
+            assert!(!kwok.is_empty() && !real.is_empty(), "{args:?}");
+            // Each simulated size's period leaves kwok the time to play a tick out: it ends
+            // about 7.5 pods a second here (docs/benchmarks.md, "Simulated nodes"), and a tick
+            // has 2 N pods.
+            for s in kwok {
+                let play_out = 2.0 * s.n as f64 / 7.5;
+                assert!(
+                    f64::from(s.every * 60) > play_out,
+                    "{s:?}: a tick takes {play_out} s to play out"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_options_parse_lists_and_check_each_value() {
+        let o = <Options as clap::Parser>::try_parse_from([
+            "cojob-bench",
+            "--n",
+            "",
+            "--kwok",
+            "1000,10000",
+            "--kwok-every",
+            "10,60",
+            "--kwok-ticks",
+            "5,2",
+        ])
+        .unwrap();
+        assert_eq!((o.kwok_every, o.kwok_ticks), (vec![10, 60], vec![5, 2]));
+        assert_eq!((o.every, o.ticks), (vec![1], vec![3]));
+        let e = <Options as clap::Parser>::try_parse_from(["cojob-bench", "--kwok-every", "10,7"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"7\" does not divide an hour"), "{e}");
+        assert!(
+            <Options as clap::Parser>::try_parse_from(["cojob-bench", "--kwok-ticks", "5,11"])
+                .is_err()
+        );
+    }
 }
