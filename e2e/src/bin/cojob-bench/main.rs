@@ -240,6 +240,25 @@ fn divides_hour(v: &str) -> Result<u32, String> {
     }
 }
 
+impl Options {
+    /// Every size to measure, the real node's first, each with its tick period and count.
+    fn sizes_to_measure(&self) -> anyhow::Result<Vec<Size>> {
+        let mut all = sizes_to_measure(
+            &self.sizes,
+            Nodes::Real,
+            ("--every", &self.every),
+            ("--ticks", &self.ticks),
+        )?;
+        all.extend(sizes_to_measure(
+            &self.kwok_sizes,
+            Nodes::Kwok,
+            ("--kwok-every", &self.kwok_every),
+            ("--kwok-ticks", &self.kwok_ticks),
+        )?);
+        Ok(all)
+    }
+}
+
 /// The sizes of one kind of node, each with its tick period and count: `every` and `ticks`
 /// (each named by its option, for the error) hold one value for every size or one per size.
 fn sizes_to_measure(
@@ -315,18 +334,7 @@ async fn main() -> anyhow::Result<()> {
     let o = <Options as clap::Parser>::parse();
     let client = cojob_e2e::client().await;
     let mut report = Report::default();
-    let real = sizes_to_measure(
-        &o.sizes,
-        Nodes::Real,
-        ("--every", &o.every),
-        ("--ticks", &o.ticks),
-    )?;
-    let kwok = sizes_to_measure(
-        &o.kwok_sizes,
-        Nodes::Kwok,
-        ("--kwok-every", &o.kwok_every),
-        ("--kwok-ticks", &o.kwok_ticks),
-    )?;
+    let sizes = o.sizes_to_measure()?;
     // Idle jobs first, while they are the controller's only ones.
     if o.idle_jobs > 0 {
         let idle = idle::measure(&client, &o.metrics, o.idle_jobs, o.idle_minutes).await?;
@@ -355,7 +363,7 @@ async fn main() -> anyhow::Result<()> {
             .history
             .push(history::measure(&client, o.history_jobs, runs).await?);
     }
-    for size in real.into_iter().chain(kwok) {
+    for size in sizes {
         report.sizes.push(run_size(&client, &o, size).await?);
     }
     if let Some(path) = &o.merge {
@@ -507,20 +515,11 @@ mod tests {
                 std::iter::once("cojob-bench").chain(args.iter().copied()),
             )
             .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-            let kwok = sizes_to_measure(
-                &o.kwok_sizes,
-                Nodes::Kwok,
-                ("--kwok-every", &o.kwok_every),
-                ("--kwok-ticks", &o.kwok_ticks),
-            )
-            .unwrap();
-            let real = sizes_to_measure(
-                &o.sizes,
-                Nodes::Real,
-                ("--every", &o.every),
-                ("--ticks", &o.ticks),
-            )
-            .unwrap();
+            let (kwok, real): (Vec<Size>, Vec<Size>) = o
+                .sizes_to_measure()
+                .unwrap()
+                .into_iter()
+                .partition(|s| s.nodes == Nodes::Kwok);
             assert!(!kwok.is_empty() && !real.is_empty(), "{args:?}");
             // Each simulated size's period leaves kwok the time to play a tick out: it ends
             // about 7.5 pods a second here (docs/benchmarks.md, "Simulated nodes"), and a tick
