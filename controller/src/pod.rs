@@ -27,6 +27,71 @@ pub fn is_gated(pod: &Pod) -> bool {
         .is_some_and(|g| g.iter().any(|g| g.name == HOLDER_GATE))
 }
 
+/// How far ahead of its tick a pod must be created to go without [`HOLDER_GATE`].
+///
+/// The gate keeps the kubelet from seeing a pod before its holder Secret exists; lifting it
+/// costs a second write of the pod, which every watcher of pods (scheduler, kubelet,
+/// controllers) then handles again. A pod created well ahead of its tick (`prestartSeconds`)
+/// does not need it: its workload waits for the tick anyway, and a kubelet that sees the pod
+/// before its Secret (a race the Secret, created right after the pod, mostly wins) fails the
+/// sidecar's container with `CreateContainerConfigError` and tries again after its pod
+/// worker's back-off, 10 to 15 s, long before the tick.
+pub const GATE_FREE_LEAD: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Whether a pod created at `now` for a run whose tick is `fire_at` goes without
+/// [`HOLDER_GATE`]: only when the tick is at least [`GATE_FREE_LEAD`] away.
+///
+/// ```
+/// use chrono::{Duration, TimeZone, Utc};
+/// use cojob_controller::pod::gate_free;
+/// let tick = Utc.with_ymd_and_hms(2026, 12, 7, 12, 0, 0).unwrap();
+/// assert!(gate_free(Some(tick), tick - Duration::seconds(30)));
+/// assert!(!gate_free(Some(tick), tick - Duration::seconds(29)));
+/// assert!(!gate_free(Some(tick), tick + Duration::seconds(1)));
+/// assert!(!gate_free(None, tick)); // a one-off run: it starts now
+/// ```
+pub fn gate_free(
+    fire_at: Option<chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    fire_at.is_some_and(|t| (t - now).to_std().is_ok_and(|lead| lead >= GATE_FREE_LEAD))
+}
+
+/// True when the kubelet reports that it cannot build the sidecar's container from the pod's
+/// spec (`CreateContainerConfigError`): for a run pod created without [`HOLDER_GATE`], its
+/// holder Secret does not exist (yet).
+///
+/// ```
+/// use cojob_controller::pod::sidecar_lacks_config;
+/// let pod = |reason: &str| -> k8s_openapi::api::core::v1::Pod {
+///     serde_json::from_value(serde_json::json!({"status": {"initContainerStatuses": [{
+///         "name": "cojob-sidecar", "image": "i", "imageID": "", "ready": false,
+///         "restartCount": 0, "state": {"waiting": {"reason": reason}}
+///     }]}})).unwrap()
+/// };
+/// assert!(sidecar_lacks_config(&pod("CreateContainerConfigError")));
+/// assert!(!sidecar_lacks_config(&pod("ContainerCreating")));
+/// assert!(!sidecar_lacks_config(&Default::default()));
+/// ```
+pub fn sidecar_lacks_config(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.name == SIDECAR_NAME)
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.as_deref())
+        .any(|r| r == "CreateContainerConfigError")
+}
+
+/// Takes [`HOLDER_GATE`] off a pod built by [`build_pod`], before it is created (for a pod
+/// that goes without it: [`gate_free`]). The template's own gates stay.
+pub fn drop_holder_gate(pod: &mut Pod) {
+    if let Some(gates) = pod.spec.as_mut().and_then(|s| s.scheduling_gates.as_mut()) {
+        gates.retain(|g| g.name != HOLDER_GATE);
+    }
+}
+
 /// The user and group the sidecar runs as (non-root, like the image's own user).
 pub const SIDECAR_UID: i64 = 65532;
 
@@ -371,7 +436,8 @@ fn wrapped(mut c: Container, ttl_seconds: i64) -> Container {
 /// - the [`RESULT_FINALIZER`], so the pod's outcome outlives a deletion until it is recorded;
 /// - the scheduling gate [`HOLDER_GATE`]: the pod is not scheduled until its holder Secret
 ///   exists (the controller creates the Secret, owned by the pod, then removes the gate), so
-///   the kubelet never sees it without its Secret.
+///   the kubelet never sees it without its Secret. A pod created well ahead of its tick goes
+///   without it ([`gate_free`], [`drop_holder_gate`]).
 pub fn build_pod(
     template: &k8s_openapi::api::core::v1::PodTemplateSpec,
     namespace: &str,
@@ -488,6 +554,36 @@ mod tests {
             credentials_secret: Some("cojob-store".into()),
         };
         build_pod(&template(), "ns", owner, "nightly", &run(), &cfg, Some(600))
+    }
+
+    #[test]
+    fn only_the_holder_gate_is_dropped() {
+        let mut t = template();
+        t.spec.as_mut().unwrap().scheduling_gates = Some(vec![PodSchedulingGate {
+            name: "example.com/quota".into(),
+        }]);
+        let cfg = SidecarConfig {
+            image: "i".into(),
+            bucket: "s3://b/p".into(),
+            env: vec![],
+            ttl_seconds: 12,
+            credentials_secret: None,
+        };
+        let mut pod = build_pod(&t, "ns", OwnerReference::default(), "j", &run(), &cfg, None);
+        let names = |p: &Pod| -> Vec<String> {
+            let gates = p.spec.as_ref().unwrap().scheduling_gates.iter().flatten();
+            gates.map(|g| g.name.clone()).collect()
+        };
+        assert_eq!(names(&pod), ["example.com/quota", HOLDER_GATE]);
+        drop_holder_gate(&mut pod);
+        assert!(!is_gated(&pod));
+        assert_eq!(
+            names(&pod),
+            ["example.com/quota"],
+            "the template's gate stays"
+        );
+        drop_holder_gate(&mut pod); // idempotent
+        assert_eq!(names(&pod), ["example.com/quota"]);
     }
 
     #[test]

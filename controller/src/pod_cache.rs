@@ -265,8 +265,8 @@ impl PodCache {
 ///   sidecar container its name and `COJOB_HOLDER` variable (which holder Secret it reads);
 /// - of its status, the phase and reason, the `PodScheduled` condition's status, reason and
 ///   time and the kubelet's `startTime` (from when its start timeout counts,
-///   [`crate::sweeper::pods::start_clock`]), and of each container status its name, exit state
-///   and the fields the API requires.
+///   [`crate::sweeper::pods::start_clock`]), and of each container status (and the sidecar's)
+///   its name, state and the fields the API requires.
 ///
 /// The decisions that need the whole truth (is the current pod missing, can an older pod still
 /// run) read the API server, not the cache.
@@ -329,15 +329,16 @@ pub fn trim(pod: &Pod) -> Pod {
                 .collect();
             (!kept.is_empty()).then_some(kept)
         }),
-        container_statuses: s.container_statuses.as_ref().map(|all| {
+        container_statuses: s
+            .container_statuses
+            .as_ref()
+            .map(|all| all.iter().map(container_status).collect()),
+        // The sidecar's, for whether its kubelet lacks the holder Secret
+        // (`crate::pod::sidecar_lacks_config`).
+        init_container_statuses: s.init_container_statuses.as_ref().map(|all| {
             all.iter()
-                .map(|c| ContainerStatus {
-                    name: c.name.clone(),
-                    state: c.state.clone(),
-                    ready: c.ready,
-                    restart_count: c.restart_count,
-                    ..ContainerStatus::default()
-                })
+                .filter(|c| c.name == SIDECAR_NAME)
+                .map(container_status)
                 .collect()
         }),
         ..PodStatus::default()
@@ -346,6 +347,18 @@ pub fn trim(pod: &Pod) -> Pod {
         metadata,
         spec,
         status,
+    }
+}
+
+/// What the cache keeps of one container's status: its name, state, readiness and restarts
+/// (and the fields the API requires).
+fn container_status(c: &ContainerStatus) -> ContainerStatus {
+    ContainerStatus {
+        name: c.name.clone(),
+        state: c.state.clone(),
+        ready: c.ready,
+        restart_count: c.restart_count,
+        ..ContainerStatus::default()
     }
 }
 
@@ -540,14 +553,35 @@ mod tests {
                 assert_eq!(kept.uid(), full.uid());
                 assert!(kept.metadata.managed_fields.is_none());
                 // What it is for: the workload's containers, the sidecar's other settings,
-                // conditions and init container statuses are gone.
+                // conditions and the init container statuses but the sidecar's state are gone.
                 let spec = kept.spec.as_ref().unwrap();
                 assert!(spec.containers.is_empty());
                 let sidecar = &spec.init_containers.as_ref().unwrap()[0];
                 assert_eq!(sidecar.env.as_ref().unwrap().len(), 1);
                 assert!(sidecar.image.is_none() && sidecar.restart_policy.is_none());
                 let status = kept.status.as_ref().unwrap();
-                assert!(status.init_container_statuses.is_none());
+                let inits = status.init_container_statuses.as_ref().unwrap();
+                assert_eq!(inits.len(), 1);
+                assert_eq!(inits[0].name, SIDECAR_NAME);
+                assert!(inits[0].state.is_some() && inits[0].image.is_empty());
+                assert!(!crate::pod::sidecar_lacks_config(&kept));
+                // A sidecar whose kubelet lacks its holder Secret says so in the cache too.
+                let mut lacking = full.clone();
+                lacking
+                    .status
+                    .as_mut()
+                    .unwrap()
+                    .init_container_statuses
+                    .as_mut()
+                    .unwrap()[0]
+                    .state = Some(
+                    serde_json::from_value(serde_json::json!(
+                        {"waiting": {"reason": "CreateContainerConfigError"}}
+                    ))
+                    .unwrap(),
+                );
+                assert!(crate::pod::sidecar_lacks_config(&lacking));
+                assert!(crate::pod::sidecar_lacks_config(&trim(&lacking)));
                 let conditions = status.conditions.as_ref().unwrap();
                 assert_eq!(conditions.len(), 1, "only PodScheduled");
                 assert!(conditions[0].message.is_none());

@@ -238,3 +238,71 @@ async fn a_run_waiting_for_its_tick_replaces_others_only_from_its_tick() {
     assert_eq!(h.live_pod_names("rep").await, vec![format!("{ahead}-1")]);
     h.cleanup().await;
 }
+
+/// A pod created at least `GATE_FREE_LEAD` ahead of its tick goes without the holder gate: its
+/// dispatch writes the pod once (no ungating patch). Its Secret comes right after it; if it
+/// never came (a crash between the two writes, played here by deleting it), the pending pass
+/// after the kubelet reports the sidecar unable to start for it creates it again, and a
+/// pending pass with no such report sends nothing.
+#[tokio::test]
+async fn a_pod_created_well_ahead_of_its_tick_goes_without_the_gate() {
+    let h = Harness::new("it-prestart-free").await;
+    let (tick, schedule) = daily_at_second(&h, 0); // 60 s before the tick
+    h.create_job("free", json!({"schedule": schedule, "prestartSeconds": 60}))
+        .await;
+    let cx = h.context(&Budget::unlimited());
+    cx.focus.start();
+    let requests = || {
+        let r = cx.metrics.kube_requests();
+        (
+            r.get("create", "pods", "201"),
+            r.get("create", "secrets", "201") + r.get("create", "secrets", "409"),
+            r.get("patch", "pods", "200"),
+        )
+    };
+    h.reconcile_with(&cx, "free").await.unwrap();
+    let run = tick_run("free", tick);
+    let pod = format!("{run}-1");
+    assert_eq!(h.live_pod_names("free").await, vec![pod.clone()]);
+    assert!(
+        (tick - h.now()).to_std().unwrap() >= cojob_controller::pod::GATE_FREE_LEAD,
+        "dispatched {} ahead",
+        tick - h.now()
+    );
+    assert_eq!(requests(), (1, 1, 0), "the pod and its Secret; no ungating");
+    let created = h.pods().get(&pod).await.unwrap();
+    assert!(!cojob_controller::pod::is_gated(&created));
+    let holder = h.secret_holder(&pod).await.expect("the holder Secret");
+    assert_eq!(holder, h.derived_holder("free", &run, 1).await);
+
+    // The Secret is lost; the pod is still pending and its kubelet says nothing yet: a pass over
+    // the run sends no request for it.
+    let secret = h.secret_name_of(&pod).await.unwrap();
+    h.secrets()
+        .delete(&secret, &Default::default())
+        .await
+        .unwrap();
+    h.advance(Duration::from_secs(31)); // past the dispatch's quiet time, 29 s before the tick
+    cx.focus.cue((h.ns.as_str(), "free"), &run);
+    h.reconcile_with(&cx, "free").await.unwrap();
+    assert_eq!(requests(), (1, 1, 0), "nothing to converge");
+    assert!(h.secret_holder(&pod).await.is_none());
+
+    // The kubelet cannot build the sidecar's container: the next pass creates the Secret again.
+    let lacking = json!({"status": {"phase": "Pending", "initContainerStatuses": [{
+        "name": cojob_controller::pod::SIDECAR_NAME, "image": "cojob", "imageID": "",
+        "ready": false, "restartCount": 0,
+        "state": {"waiting": {"reason": "CreateContainerConfigError",
+            "message": format!("secret \"{secret}\" not found")}}
+    }]}});
+    h.pods()
+        .patch_status(&pod, &PatchParams::default(), &Patch::Merge(&lacking))
+        .await
+        .unwrap();
+    cx.focus.cue((h.ns.as_str(), "free"), &run);
+    h.reconcile_with(&cx, "free").await.unwrap();
+    assert_eq!(requests(), (1, 2, 0), "the Secret, created again");
+    assert_eq!(h.secret_holder(&pod).await, Some(holder));
+    assert!(h.now() < tick);
+    h.cleanup().await;
+}

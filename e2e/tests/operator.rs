@@ -1531,7 +1531,7 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
     );
 
     // b–e, concurrently, each in its own namespace.
-    let scenarios: [(&str, &str, Scenario); 9] = [
+    let scenarios: [(&str, &str, Scenario); 10] = [
         ("b. a 10-second schedule for 60 s", "op-sched", |c, n| {
             Box::pin(every_ten_seconds(c, n))
         }),
@@ -1561,6 +1561,11 @@ async fn operator_installed_by_helm_runs_jobs_exactly_once() {
             "m. runs prepared ahead of their tick",
             "op-prestart",
             |c, n| Box::pin(prestart::prepared_ahead(c, n)),
+        ),
+        (
+            "n. a run prepared well ahead, without the holder gate",
+            "op-prestart-far",
+            |c, n| Box::pin(prestart::prepared_without_gate(c, n)),
         ),
         (
             "l. workload API across a respawn, and the kubectl plugin",

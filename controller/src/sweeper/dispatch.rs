@@ -190,7 +190,9 @@ pub async fn dispatch(
     })
 }
 
-/// Creates the pod of `(run, epoch)` (idempotent), then its holder Secret, owned by it. Returns
+/// Creates the pod of `(run, epoch)` (idempotent), then its holder Secret, owned by it, then
+/// lifts the pod's holder gate; a pod created well ahead of its tick has none
+/// ([`crate::pod::gate_free`]). Returns
 /// the pod's name, or `None` while a pod of the same name from an older object still exists,
 /// or while a pod of an older attempt can still run.
 ///
@@ -240,19 +242,21 @@ pub async fn spawn(
         .template
         .decode()
         .map_err(SweepError::Template)?;
-    let pod = crate::pod::build_pod(
+    let now = scope.cx.db.clock().now();
+    let mut pod = crate::pod::build_pod(
         &template,
         &scope.namespace,
         scope.owner(),
         &scope.name,
         &identity,
         &cfg,
-        deadline_from_creation(
-            scope.job.spec.active_deadline_seconds,
-            run.fire_at(),
-            scope.cx.db.clock().now(),
-        ),
+        deadline_from_creation(scope.job.spec.active_deadline_seconds, run.fire_at(), now),
     );
+    // Well ahead of its tick, the pod goes without the holder gate: one write of the pod
+    // instead of two (`crate::pod::GATE_FREE_LEAD`).
+    if crate::pod::gate_free(run.fire_at(), now) {
+        crate::pod::drop_holder_gate(&mut pod);
+    }
     let name = identity.pod_name();
     let created = match scope.pods.create(&PostParams::default(), &pod).await {
         Ok(p) => p,

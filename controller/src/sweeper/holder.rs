@@ -10,9 +10,14 @@
 //! (a name unique to the pod object, read back from its spec), created
 //! right after the pod and owned by it, so it goes with the pod. The pod is created with the
 //! scheduling gate [`HOLDER_GATE`](crate::pod::HOLDER_GATE), removed once the Secret exists, so
-//! no kubelet sees the pod before its Secret (it would back off for seconds). While a pod is
+//! no kubelet sees the pod before its Secret (it would back off for 10 to 15 s). While a pod is
 //! still gated, every pass creates its Secret and removes the gate again (a crash between the
 //! writes converges).
+//!
+//! A pod created well ahead of its tick ([`crate::pod::gate_free`]) has no gate: its Secret is
+//! created right after it, and a pass that finds its attempt pending while its kubelet reports
+//! the sidecar unable to start for want of it creates it again ([`converge`]), so a crash
+//! between the two writes converges as well.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -84,24 +89,28 @@ pub fn holder(scope: &JobScope<'_>, run_id: &str, epoch: u64) -> String {
         .holder(&scope.keys.lease(run_id), epoch)
 }
 
-/// Creates the holder Secret of `pod` (the attempt's pod at `epoch`, owned by the pod), then
-/// lets the pod be scheduled (removes [`HOLDER_GATE`](crate::pod::HOLDER_GATE)). The Secret's
-/// name is the one the pod was built with, unique to this pod object, so an existing Secret of
-/// that name is this pod's own, from an earlier pass. Nothing is done for a pod that is no
-/// longer gated.
+/// Creates the holder Secret of `pod` (the attempt's pod at `epoch`,
+/// owned by the pod), then lets the pod be scheduled (removes
+/// [`HOLDER_GATE`](crate::pod::HOLDER_GATE)). The Secret's name is the one the pod was built
+/// with, unique to this pod object, so an existing Secret of that name is this pod's own, from
+/// an earlier pass.
+///
+/// A pod created without the gate, ahead of its tick ([`crate::pod::gate_free`]), has no gate
+/// to lift: only its Secret is created.
 pub async fn hand_to(
     scope: &JobScope<'_>,
     run_id: &str,
     epoch: u64,
     pod: &Pod,
 ) -> Result<(), SweepError> {
-    if !crate::pod::is_gated(pod) {
-        return Ok(());
-    }
+    let gated = crate::pod::is_gated(pod);
     let Some(name) = crate::pod::holder_secret_of(pod) else {
         return Ok(()); // not a pod this controller built
     };
     create_secret(scope, &name, run_id, epoch, pod).await?;
+    if !gated {
+        return Ok(());
+    }
     let gates: Vec<_> = pod
         .spec
         .as_ref()
@@ -124,6 +133,24 @@ pub async fn hand_to(
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// For a pending attempt's pod, finishes what a crash may have cut short between its creation
+/// and [`hand_to`]: a pod still gated gets its Secret and loses the gate; an ungated pod whose
+/// kubelet reports the sidecar's container unable to start for a missing Secret
+/// ([`crate::pod::sidecar_lacks_config`]: a pod created without the gate whose Secret never
+/// came) gets its Secret, which the kubelet finds on its next try. Any other pod needs nothing,
+/// and costs no request.
+pub async fn converge(
+    scope: &JobScope<'_>,
+    run_id: &str,
+    epoch: u64,
+    pod: &Pod,
+) -> Result<(), SweepError> {
+    if crate::pod::is_gated(pod) || crate::pod::sidecar_lacks_config(pod) {
+        hand_to(scope, run_id, epoch, pod).await?;
+    }
+    Ok(())
 }
 
 /// Mints the attempt's credentials; returns them with when they were asked for (on the real

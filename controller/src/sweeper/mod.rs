@@ -464,7 +464,7 @@ async fn keep_pending_alive(
     }
     if let Some(pod) = pod {
         // A crash may have come between creating the pod and its Secret or ungating it.
-        holder::hand_to(scope, &run.run_id, lease.epoch, pod).await?;
+        holder::converge(scope, &run.run_id, lease.epoch, pod).await?;
     }
     let ttl = scope.pending_ttl();
     let now = scope.cx.db.clock().now();

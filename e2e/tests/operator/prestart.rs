@@ -4,6 +4,10 @@
 //!    prints the second it started, which must not be before its tick. Then the job is
 //!    suspended while the next tick's run waits in its start gate: that run is cancelled and
 //!    its workload never runs.
+//! n. A run prepared well ahead of its tick (past `cojob_controller::pod::GATE_FREE_LEAD`):
+//!    its pod is created without the holder gate (the watch's first sight of it has none), its
+//!    sidecar still gets its holder from the Secret created right after the pod, and its
+//!    workload starts at the tick, once.
 
 use super::*;
 use kube::ResourceExt;
@@ -205,6 +209,144 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     println!(
         "m: ok: {ahead} of 3 pods created ahead of their tick, every workload started at or after it, once; \
          the run suspended while it waited for its tick was cancelled, its workload never ran"
+    );
+    Ok(())
+}
+
+/// Scenario n's prestart, in seconds: past the 30 s from which a pod goes without the holder
+/// gate (`GATE_FREE_LEAD`). Its ticks are a minute apart, so the prestart never meets an
+/// earlier run still active.
+const FAR_PRESTART: i64 = 45;
+
+pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    let name = "far";
+    let selector = format!("cojob.dev/job={name}");
+    // Watch the job's pods from before its creation: a pod's first event is its creation.
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+    let from = listed.metadata.resource_version.unwrap_or_default();
+    let mut events = pods
+        .watch(
+            &WatchParams::default().labels(&selector).timeout(290),
+            &from,
+        )
+        .await?
+        .boxed();
+    let created = create_job(
+        &ctx,
+        &ns,
+        name,
+        spec(
+            "echo effect fire=$COJOB_FIRE_TIME started=$(date +%s); sleep 1",
+            json!({"schedule": "0 * * * * *", "prestartSeconds": FAR_PRESTART}),
+        ),
+    )
+    .await?;
+    let uid = created.metadata.uid.clone().context("no uid")?;
+    let created_at = created_second(&created.metadata)?;
+    // The first tick whose whole prestart comes after the object's creation.
+    let tick = ((created_at + FAR_PRESTART + 2) / 60 + 1) * 60;
+    println!(
+        "n: {ns}/{name} created at {}; tick {}",
+        ts(created_at),
+        ts(tick)
+    );
+    // The run's pod as created: gated or not.
+    let first = tokio::time::timeout(
+        Duration::from_secs((tick - now_secs() + 30).max(30) as u64),
+        async {
+            while let Some(event) = events.next().await {
+                match event? {
+                    WatchEvent::Added(pod) => return Ok::<_, anyhow::Error>(pod),
+                    WatchEvent::Error(e) => bail!("the pod watch failed: {e:?}"),
+                    _ => {}
+                }
+            }
+            bail!("the pod watch ended before a pod was created")
+        },
+    )
+    .await
+    .context("no pod created by the tick")??;
+    drop(events);
+    let pod_name = first.name_any();
+    let pod_created = created_second(&first.metadata)?;
+    ensure!(
+        !cojob_controller::pod::is_gated(&first),
+        "pod {pod_name}, created {} s ahead of its tick, was created with the holder gate",
+        tick - pod_created
+    );
+    ensure!(
+        tick - pod_created >= 30,
+        "pod {pod_name} was created {} s ahead of its tick {}, not {FAR_PRESTART}",
+        tick - pod_created,
+        ts(tick)
+    );
+    let rows = wait_for(
+        "the tick's run finished",
+        Duration::from_secs((tick - now_secs() + 90).max(90) as u64),
+        || async {
+            let rows = runs(&ctx, &ns, name, &uid).await?;
+            let done = rows.iter().any(|r| {
+                r.tick_seconds() == Some(tick)
+                    && r.lease.as_ref().is_some_and(LeaseView::is_terminal)
+            });
+            if done {
+                Ok(Some(rows))
+            } else {
+                Err(anyhow!("not yet:\n{}", runs_table(&rows)))
+            }
+        },
+    )
+    .await?;
+    suspend(&ctx, &ns, name).await?;
+    let table = runs_table(&rows);
+    let at_tick: Vec<&RunRow> = rows
+        .iter()
+        .filter(|r| r.tick_seconds() == Some(tick))
+        .collect();
+    ensure!(
+        at_tick.len() == 1,
+        "tick {} decided {} times\n{table}",
+        ts(tick),
+        at_tick.len()
+    );
+    let run = at_tick[0]
+        .decision
+        .run_id()
+        .context("the tick did not run")?;
+    ensure!(
+        pod_name == format!("{run}-1"),
+        "pod {pod_name} for run {run}\n{table}"
+    );
+    let lease = at_tick[0].lease.as_ref().context("no lease")?;
+    ensure!(
+        lease.status() == Some("succeeded") && lease.epoch == 1,
+        "run {run}: {}\n{table}",
+        lease.state
+    );
+    // The effect ledger: the workload ran once, by its own clock not before the tick.
+    let log = pod_log_tail(&ns, &pod_name, Some("main"), 50);
+    let effects: Vec<i64> = log
+        .lines()
+        .filter_map(|l| l.split("started=").nth(1))
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    ensure!(
+        effects.len() == 1,
+        "run {run}: effects {effects:?} in {log:?}"
+    );
+    ensure!(
+        effects[0] >= tick,
+        "run {run} started before its tick {}: {}",
+        ts(tick),
+        ts(effects[0])
+    );
+    println!(
+        "n: ok: pod {pod_name} created {} s ahead of its tick without the holder gate; its workload started {:+} s after the tick, once",
+        tick - pod_created,
+        effects[0] - tick
     );
     Ok(())
 }

@@ -10,7 +10,7 @@
 //! writes. Once kwok reports the pod Running:
 //!
 //! 1. it reads the holder from the pod's Secret, as the kubelet does for the container's
-//!    environment;
+//!    environment (again every 10 s while the Secret is missing, as the kubelet does);
 //! 2. it resumes the lease at the pod's epoch and records `running`, with the pod, its node
 //!    and UID, in one compare-and-swap ([`cojob_controller::sidecar::attached_state`]);
 //! 3. it renews every ttl/3;
@@ -274,6 +274,10 @@ async fn store(stores: &std::sync::Mutex<HashMap<String, Db>>, bucket: &str) -> 
     Ok(db)
 }
 
+/// How long a kubelet waits before it tries again to start a container whose Secret was
+/// missing (its pod worker's back-off).
+const KUBELET_RETRY: Duration = Duration::from_secs(10);
+
 /// One simulated sidecar: attaches, renews every ttl/3 until its pod ended, then renews once
 /// more marking its epoch stopping.
 async fn hold(
@@ -283,9 +287,20 @@ async fn hold(
     mut pod_ended: watch::Receiver<bool>,
     counters: &Counters,
 ) -> anyhow::Result<Outcome> {
-    // The holder Secret is owned by its pod, and goes with it: the pod is gone already.
-    let Some(secret) = secrets.get_opt(&a.secret).await? else {
-        return Ok(Outcome::NotAttached);
+    // A pod created ahead of its tick without the holder gate may be Running a moment before
+    // its Secret exists: like the kubelet, try again after its back-off (10 s) until the pod
+    // ended. The Secret is owned by its pod, and goes with it.
+    let secret = loop {
+        if let Some(secret) = secrets.get_opt(&a.secret).await? {
+            break secret;
+        }
+        if *pod_ended.borrow() {
+            return Ok(Outcome::NotAttached);
+        }
+        tokio::select! {
+            _ = pod_ended.changed() => return Ok(Outcome::NotAttached),
+            () = tokio::time::sleep(KUBELET_RETRY) => {}
+        }
     };
     let holder = secret
         .data

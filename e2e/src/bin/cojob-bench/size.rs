@@ -337,10 +337,6 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         seen = now;
     }
 
-    let simulated_sidecars = sidecars.map(Sidecars::stop);
-    if let Some(s) = &simulated_sidecars {
-        println!("bench: N = {n}: simulated sidecars: {s:?}");
-    }
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
     let mut scheduled: BTreeMap<String, (String, DateTime<Utc>)> = BTreeMap::new();
     for job in list_all(&jobs).await? {
@@ -432,6 +428,13 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
                 co_decided.insert((job.name_any(), tick));
             }
         }
+    }
+    // The simulated sidecars renew their leases until everything is read back: stopped before,
+    // with kwok still playing the tick's pods, their Running pods' leases would expire and be
+    // taken over while the bench reads, and count as respawns of the window.
+    let simulated_sidecars = sidecars.map(Sidecars::stop);
+    if let Some(s) = &simulated_sidecars {
+        println!("bench: N = {n}: simulated sidecars: {s:?}");
     }
     let mut co_figures = figures(&co, &co_owners, &ticks, &served, &co_decided, respawned);
     co_figures.new_attempts = Some(new_attempts);
