@@ -556,19 +556,24 @@ mod tests {
         build_pod(&template(), "ns", owner, "nightly", &run(), &cfg, Some(600))
     }
 
+    /// A sidecar configuration with nothing but an image, a bucket and a 12 s ttl.
+    fn bare_config() -> SidecarConfig {
+        SidecarConfig {
+            image: "i".into(),
+            bucket: "s3://b/p".into(),
+            env: vec![],
+            ttl_seconds: 12,
+            credentials_secret: None,
+        }
+    }
+
     #[test]
     fn only_the_holder_gate_is_dropped() {
         let mut t = template();
         t.spec.as_mut().unwrap().scheduling_gates = Some(vec![PodSchedulingGate {
             name: "example.com/quota".into(),
         }]);
-        let cfg = SidecarConfig {
-            image: "i".into(),
-            bucket: "s3://b/p".into(),
-            env: vec![],
-            ttl_seconds: 12,
-            credentials_secret: None,
-        };
+        let cfg = bare_config();
         let mut pod = build_pod(&t, "ns", OwnerReference::default(), "j", &run(), &cfg, None);
         let names = |p: &Pod| -> Vec<String> {
             let gates = p.spec.as_ref().unwrap().scheduling_gates.iter().flatten();
@@ -615,13 +620,7 @@ mod tests {
         let mut t = template();
         t.spec.as_mut().unwrap().containers[0].command = Some(vec!["etl".into()]);
         let owner = OwnerReference::default();
-        let cfg = SidecarConfig {
-            image: "i".into(),
-            bucket: "s3://b/p".into(),
-            env: vec![],
-            ttl_seconds: 12,
-            credentials_secret: None,
-        };
+        let cfg = bare_config();
         let pod = build_pod(&t, "ns", owner, "nightly", &run(), &cfg, None);
         assert!(is_gated(&pod), "held until its holder Secret exists");
         let spec = pod.spec.unwrap();

@@ -80,25 +80,7 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
         held - suspended_at
     );
     let window: Vec<i64> = window.into_iter().chain([held]).collect();
-    let rows = wait_for(
-        "every tick of the window decided and its run finished",
-        Duration::from_secs(60),
-        || async {
-            let rows = runs(&ctx, &ns, name, &uid).await?;
-            let done = window.iter().all(|t| {
-                rows.iter().any(|r| {
-                    r.tick_seconds() == Some(*t)
-                        && r.lease.as_ref().is_some_and(LeaseView::is_terminal)
-                })
-            });
-            if done {
-                Ok(Some(rows))
-            } else {
-                Err(anyhow!("not yet:\n{}", runs_table(&rows)))
-            }
-        },
-    )
-    .await?;
+    let rows = runs_ended(&ctx, &ns, name, &uid, &window, Duration::from_secs(60)).await?;
     let table = runs_table(&rows);
     // The suspended tick: cancelled, its workload never started, no effect.
     let cancelled = rows
@@ -128,26 +110,7 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
     let window = &window[..window.len() - 1];
     let mut ahead = 0;
     for tick in window {
-        let at_tick: Vec<&RunRow> = rows
-            .iter()
-            .filter(|r| r.tick_seconds() == Some(*tick))
-            .collect();
-        ensure!(
-            at_tick.len() == 1,
-            "tick {} decided {} times\n{table}",
-            ts(*tick),
-            at_tick.len()
-        );
-        let run = at_tick[0]
-            .decision
-            .run_id()
-            .with_context(|| format!("tick {} did not run\n{table}", ts(*tick)))?;
-        let lease = at_tick[0].lease.as_ref().context("no lease")?;
-        ensure!(
-            lease.status() == Some("succeeded") && lease.epoch == 1,
-            "run {run}: {}\n{table}",
-            lease.state
-        );
+        let run = succeeded_once(&rows, *tick, &table)?;
         let pod = pods
             .get(&format!("{run}-1"))
             .await
@@ -167,17 +130,7 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
             })
             .map(|t| t.0.as_second())
             .with_context(|| format!("no start time for the workload of {run}"))?;
-        // The effect ledger: the workload's own clock when it started.
-        let log = pod_log_tail(&ns, &format!("{run}-1"), Some("main"), 50);
-        let effects: Vec<i64> = log
-            .lines()
-            .filter_map(|l| l.split("started=").nth(1))
-            .filter_map(|s| s.trim().parse().ok())
-            .collect();
-        ensure!(
-            effects.len() == 1,
-            "run {run}: effects {effects:?} in {log:?}"
-        );
+        let effects = effects_once(&ns, &run)?;
         ensure!(
             effects[0] >= *tick && main_started >= *tick,
             "run {run} started before its tick {}: workload clock {}, container {}",
@@ -283,14 +236,51 @@ pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
         tick - pod_created,
         ts(tick)
     );
-    let rows = wait_for(
-        "the tick's run finished",
-        Duration::from_secs((tick - now_secs() + 90).max(90) as u64),
+    let wait = Duration::from_secs((tick - now_secs() + 90).max(90) as u64);
+    let rows = runs_ended(&ctx, &ns, name, &uid, &[tick], wait).await?;
+    suspend(&ctx, &ns, name).await?;
+    let table = runs_table(&rows);
+    let run = succeeded_once(&rows, tick, &table)?;
+    ensure!(
+        pod_name == format!("{run}-1"),
+        "pod {pod_name} for run {run}\n{table}"
+    );
+    // The effect ledger: the workload ran once, by its own clock not before the tick.
+    let effects = effects_once(&ns, &run)?;
+    ensure!(
+        effects[0] >= tick,
+        "run {run} started before its tick {}: {}",
+        ts(tick),
+        ts(effects[0])
+    );
+    println!(
+        "n: ok: pod {pod_name} created {} s ahead of its tick without the holder gate; its workload started {:+} s after the tick, once",
+        tick - pod_created,
+        effects[0] - tick
+    );
+    Ok(())
+}
+
+/// Waits (at most `timeout`) until every tick of `ticks` is decided and its run's lease ended;
+/// returns the job's runs.
+async fn runs_ended(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    uid: &str,
+    ticks: &[i64],
+    timeout: Duration,
+) -> anyhow::Result<Vec<RunRow>> {
+    wait_for(
+        "every tick of the window decided and its run finished",
+        timeout,
         || async {
-            let rows = runs(&ctx, &ns, name, &uid).await?;
-            let done = rows.iter().any(|r| {
-                r.tick_seconds() == Some(tick)
-                    && r.lease.as_ref().is_some_and(LeaseView::is_terminal)
+            let rows = runs(ctx, ns, name, uid).await?;
+            let done = ticks.iter().all(|t| {
+                rows.iter().any(|r| {
+                    r.tick_seconds() == Some(*t)
+                        && r.lease.as_ref().is_some_and(LeaseView::is_terminal)
+                })
             });
             if done {
                 Ok(Some(rows))
@@ -299,9 +289,11 @@ pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
             }
         },
     )
-    .await?;
-    suspend(&ctx, &ns, name).await?;
-    let table = runs_table(&rows);
+    .await
+}
+
+/// The run of `tick`: decided once, run, and succeeded at its first epoch.
+fn succeeded_once(rows: &[RunRow], tick: i64, table: &str) -> anyhow::Result<String> {
     let at_tick: Vec<&RunRow> = rows
         .iter()
         .filter(|r| r.tick_seconds() == Some(tick))
@@ -315,19 +307,20 @@ pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
     let run = at_tick[0]
         .decision
         .run_id()
-        .context("the tick did not run")?;
-    ensure!(
-        pod_name == format!("{run}-1"),
-        "pod {pod_name} for run {run}\n{table}"
-    );
+        .with_context(|| format!("tick {} did not run\n{table}", ts(tick)))?;
     let lease = at_tick[0].lease.as_ref().context("no lease")?;
     ensure!(
         lease.status() == Some("succeeded") && lease.epoch == 1,
         "run {run}: {}\n{table}",
         lease.state
     );
-    // The effect ledger: the workload ran once, by its own clock not before the tick.
-    let log = pod_log_tail(&ns, &pod_name, Some("main"), 50);
+    Ok(run.to_string())
+}
+
+/// The effect ledger of `run`'s first pod: the workload's own clock when it started
+/// (`started=`), which it printed exactly once.
+fn effects_once(ns: &str, run: &str) -> anyhow::Result<Vec<i64>> {
+    let log = pod_log_tail(ns, &format!("{run}-1"), Some("main"), 50);
     let effects: Vec<i64> = log
         .lines()
         .filter_map(|l| l.split("started=").nth(1))
@@ -337,16 +330,5 @@ pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
         effects.len() == 1,
         "run {run}: effects {effects:?} in {log:?}"
     );
-    ensure!(
-        effects[0] >= tick,
-        "run {run} started before its tick {}: {}",
-        ts(tick),
-        ts(effects[0])
-    );
-    println!(
-        "n: ok: pod {pod_name} created {} s ahead of its tick without the holder gate; its workload started {:+} s after the tick, once",
-        tick - pod_created,
-        effects[0] - tick
-    );
-    Ok(())
+    Ok(effects)
 }
