@@ -12,6 +12,10 @@
 use super::*;
 use kube::ResourceExt;
 
+/// The workload of both scenarios: it prints its tick and its own clock at its start, the
+/// effect ledger that `effects_once` reads.
+const LEDGER_WORKLOAD: &str = "echo effect fire=$COJOB_FIRE_TIME started=$(date +%s); sleep 1";
+
 /// The prestart of this scenario's job, in seconds; ticks are 20 s apart.
 const PRESTART: i64 = 10;
 
@@ -22,7 +26,7 @@ pub async fn prepared_ahead(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<()> {
         &ns,
         name,
         spec(
-            "echo effect fire=$COJOB_FIRE_TIME started=$(date +%s); sleep 1",
+            LEDGER_WORKLOAD,
             // Every run's pod is read back at the end: keep them all in the history.
             json!({
                 "schedule": "*/20 * * * * *",
@@ -192,7 +196,7 @@ pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
         &ns,
         name,
         spec(
-            "echo effect fire=$COJOB_FIRE_TIME started=$(date +%s); sleep 1",
+            LEDGER_WORKLOAD,
             json!({"schedule": "0 * * * * *", "prestartSeconds": FAR_PRESTART}),
         ),
     )
