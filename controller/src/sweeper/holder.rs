@@ -89,11 +89,10 @@ pub fn holder(scope: &JobScope<'_>, run_id: &str, epoch: u64) -> String {
         .holder(&scope.keys.lease(run_id), epoch)
 }
 
-/// Creates the holder Secret of `pod` (the attempt's pod at `epoch`,
-/// owned by the pod), then lets the pod be scheduled (removes
-/// [`HOLDER_GATE`](crate::pod::HOLDER_GATE)). The Secret's name is the one the pod was built
-/// with, unique to this pod object, so an existing Secret of that name is this pod's own, from
-/// an earlier pass.
+/// Creates the holder Secret of `pod` (the attempt's pod at `epoch`, owned by the pod), then
+/// lets the pod be scheduled (removes [`HOLDER_GATE`](crate::pod::HOLDER_GATE)). The Secret's
+/// name is the one the pod was built with, unique to this pod object, so an existing Secret of
+/// that name is this pod's own, from an earlier pass.
 ///
 /// A pod created without the gate, ahead of its tick ([`crate::pod::gate_free`]), has no gate
 /// to lift: only its Secret is created.
