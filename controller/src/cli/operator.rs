@@ -90,7 +90,8 @@ pub struct ControllerArgs {
     #[arg(long, env = "COJOB_RECONCILE_DEBOUNCE", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub reconcile_debounce: Duration,
     /// How many CoordinatedJobs are reconciled at once, at most (one object is never
-    /// reconciled twice at the same time).
+    /// reconciled twice at the same time); passes take their turns in the order they came due
+    /// ([`crate::reconcile::Turns`]).
     #[arg(long, env = "COJOB_MAX_CONCURRENT_RECONCILES", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
     /// The key lease holders are derived under: at least 32 random bytes, the same for every
@@ -366,7 +367,7 @@ pub async fn controller(args: ControllerArgs) -> anyhow::Result<()> {
 }
 
 /// Completes at SIGTERM or SIGINT (the controller's own watch stops on them too).
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

@@ -61,6 +61,9 @@ mod idle;
 mod status;
 mod ticks;
 mod triggers;
+mod turns;
+
+pub use turns::Turns;
 
 pub use finalize::finalize;
 use finalize::set_finalizers;
@@ -975,15 +978,31 @@ pub async fn run(
         .reflect(writer)
         .applied_objects()
         .predicate_filter(crate::cues::job_cue, PredicateConfig::default());
+    // The runner is unbounded and the passes take turns (`turns`): at its own bound it would
+    // start waiting passes in hash order, not in the order they came due.
+    let turns = Arc::new(Turns::new(max_concurrent_reconciles));
+    let closing = turns.clone();
     Controller::for_stream(job_cues, reader)
         .owns_stream(pod_cues)
-        .with_config(
-            controller::Config::default()
-                .concurrency(max_concurrent_reconciles)
-                .debounce(cx.settings.debounce),
-        )
+        .with_config(controller::Config::default().debounce(cx.settings.debounce))
         .shutdown_on_signal()
-        .run(reconcile, error_policy, cx)
+        .graceful_shutdown_on(async move {
+            crate::cli::operator::shutdown_signal().await;
+            closing.close();
+        })
+        .run(
+            move |job, cx| {
+                let turns = turns.clone();
+                async move {
+                    let Some(_turn) = turns.take().await else {
+                        return Ok(Action::await_change()); // shutting down
+                    };
+                    reconcile(job, cx).await
+                }
+            },
+            error_policy,
+            cx,
+        )
         .for_each(|result| async move {
             match result {
                 Ok((object, _)) => tracing::debug!(%object, "reconciled"),
