@@ -191,6 +191,13 @@ pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
         )
         .await?
         .boxed();
+    // Created in the first 10 s of a minute, so that the next tick's whole prestart comes
+    // after the creation: created later, the controller prepares that tick at once, less
+    // than 45 s ahead, and its pod is not the one this scenario is about.
+    let second = now_secs().rem_euclid(60);
+    if second >= 10 {
+        tokio::time::sleep(Duration::from_secs((61 - second) as u64)).await;
+    }
     let created = create_job(
         &ctx,
         &ns,
