@@ -139,11 +139,81 @@ pub fn clear_stopping(mut state: Value) -> Value {
     state
 }
 
+/// How long before its tick, at the latest, the sidecar of a run decided ahead
+/// (`prestartSeconds`) attaches to its lease; it attaches between this and twice this before
+/// the tick ([`sidecar_attach_at`]). Until then it only reads the lease once, at its start (a store it cannot
+/// reach, or an attempt already fenced, shows while there is time to act), and the attempt
+/// stays `pending`, its lease kept by the controller's renewals of a pending attempt (one per
+/// third of the pending ttl) rather than the sidecar's (one per third of the ttl): a run
+/// prepared 600 s ahead at ttl 60 s makes about 2 writes before its tick instead of 30, and
+/// its job about 3 timer passes instead of 13. The attach is a read and a compare-and-swap,
+/// milliseconds on a reachable store; the lead leaves room for a slow one, and the start gate
+/// still holds the workload until the tick itself.
+pub const ATTACH_LEAD: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// When the sidecar of a run whose tick is `fire_time` attaches: [`ATTACH_LEAD`] before the
+/// tick, or at once (`None`) for a run without a tick, or one whose tick is less than that
+/// lead after `now`.
+///
+/// ```
+/// use chrono::{TimeZone, Utc};
+/// use cojob_controller::run::attach_at;
+/// let now = Utc.timestamp_opt(1_000, 0).unwrap();
+/// let tick = Utc.timestamp_opt(1_600, 0).unwrap();
+/// assert_eq!(attach_at(Some(tick), now), Some(Utc.timestamp_opt(1_585, 0).unwrap()));
+/// assert_eq!(attach_at(Some(Utc.timestamp_opt(1_010, 0).unwrap()), now), None);
+/// assert_eq!(attach_at(None, now), None);
+/// ```
+pub fn attach_at(
+    fire_time: Option<chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    let lead = chrono::Duration::from_std(ATTACH_LEAD).ok()?;
+    let at = fire_time?.checked_sub_signed(lead)?;
+    (at > now).then_some(at)
+}
+
+/// When the sidecar of the pod with UID `pod_uid` attaches, for a run whose tick is
+/// `fire_time`: up to [`ATTACH_LEAD`] before [`attach_at`], by a hash of the UID, so that the
+/// sidecars of many runs on one tick spread their attaches (a read and a write each) over the
+/// lead rather than sending them to the bucket in the same second. `None`: at once.
+///
+/// ```
+/// use chrono::{TimeZone, Utc};
+/// use cojob_controller::run::{attach_at, sidecar_attach_at};
+/// let now = Utc.timestamp_opt(1_000, 0).unwrap();
+/// let tick = Some(Utc.timestamp_opt(1_600, 0).unwrap());
+/// let at = sidecar_attach_at(tick, now, "uid-a").unwrap();
+/// let latest = attach_at(tick, now).unwrap();
+/// assert!(at <= latest && at >= latest - chrono::Duration::seconds(15));
+/// assert_eq!(sidecar_attach_at(tick, now, "uid-a"), Some(at), "the same for the same pod");
+/// assert_eq!(sidecar_attach_at(None, now, "uid-a"), None);
+/// ```
+pub fn sidecar_attach_at(
+    fire_time: Option<chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
+    pod_uid: &str,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    let latest = attach_at(fire_time, now)?;
+    let spread = u64::try_from(ATTACH_LEAD.as_millis()).ok()?.max(1);
+    let hash = pod_uid.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let early = chrono::Duration::milliseconds(i64::try_from(hash % spread).ok()?);
+    let at = latest.checked_sub_signed(early)?;
+    (at > now).then_some(at)
+}
+
 impl RunState {
     /// True while the current attempt's workload has not started: the run is `pending` and
     /// no sidecar recorded a start. Such an attempt did nothing, so losing it costs no attempt.
     pub fn never_started(&self) -> bool {
         self.status == RunPhase::Pending && self.started_at.is_none()
+    }
+
+    /// The run's tick as a time (`None` without one, or if it does not parse).
+    pub fn fire_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        cojob::json::parse_time(self.fire_time.as_deref()?).ok()
     }
 
     /// Reads a stored state; `null` (a lease written by someone else) is an error.
@@ -562,7 +632,9 @@ impl Timing {
 
     /// When the attempt in `state` fails for not having started, with its pod's start clock
     /// ([`StartClock`]): `None` while no clock runs (its pod waits in a queue) or the state
-    /// does not say when it was dispatched.
+    /// does not say when it was dispatched. The start timeout from the clock's start, or for
+    /// a run decided ahead of its tick, [`ATTACH_LEAD`] after the tick if that is later: its
+    /// sidecar attaches only that lead before the tick.
     ///
     /// ```
     /// use chrono::{TimeZone, Utc};
@@ -572,6 +644,9 @@ impl Timing {
     /// let state = RunState { dispatched_at: Some("1970-01-01T00:16:40Z".into()), ..RunState::default() };
     /// assert_eq!(timing.start_deadline(&state, StartClock::FromDispatch), Some(now + chrono::Duration::seconds(600)));
     /// assert_eq!(timing.start_deadline(&state, StartClock::Queued), None);
+    /// // Decided 600 s ahead of its tick: its sidecar attaches 15 s before it.
+    /// let ahead = RunState { fire_time: Some("1970-01-01T00:26:40Z".into()), ..state };
+    /// assert_eq!(timing.start_deadline(&ahead, StartClock::FromDispatch), Some(now + chrono::Duration::seconds(615)));
     /// ```
     pub fn start_deadline(
         &self,
@@ -585,7 +660,13 @@ impl Timing {
             .and_then(|dispatched| clock.since(dispatched))?;
         let timeout =
             chrono::Duration::from_std(self.start_timeout).unwrap_or(chrono::Duration::MAX);
-        since.checked_add_signed(timeout)
+        let due = since.checked_add_signed(timeout)?;
+        // A run decided ahead of its tick attaches only [`ATTACH_LEAD`] before it, so its
+        // sidecar gets until as long after the tick, whatever its start timeout.
+        let lead = chrono::Duration::from_std(ATTACH_LEAD).ok()?;
+        let attach_by =
+            attach_at(state.fire_at(), since).and_then(|at| at.checked_add_signed(lead + lead));
+        Some(attach_by.map_or(due, |by| due.max(by)))
     }
 }
 
@@ -720,7 +801,10 @@ pub struct Lifetimes {
 ///   has not started, the start timeout from now, since its clock can only start later); and a
 ///   ttl from now, since its sidecar may attach at any moment and a frozen one could be taken
 ///   over a ttl plus the allowance after that (the allowance covers the sidecar's clock being
-///   behind). The controller's own renewal of the pending lease is the caller's to add
+///   behind). For a run decided ahead of its tick, a ttl from its sidecar's attach
+///   ([`attach_at`], [`ATTACH_LEAD`] before the tick) instead: its workload cannot start before
+///   the tick, so until the lead before it the pod costs only the pending lease's renewals.
+///   The controller's own renewal of the pending lease is the caller's to add
 ///   ([`crate::sweeper`]).
 /// - **Pending, its pod not taken up** by a kubelet for twice [`crate::cues::LATE_TAKE_UP`] or
 ///   more ([`Observed::waiting_since`]: it waits for a node, or for a kubelet with a backlog):
@@ -803,7 +887,11 @@ pub fn quiet_until(
         if long_waiting {
             until
         } else {
-            until.min(after(lifetimes.ttl)?)
+            // Its sidecar attaches at once, or for a run decided ahead, the lead before its
+            // tick ([`attach_at`]).
+            let attach = attach_at(state.fire_at(), timing.now).unwrap_or(timing.now);
+            let ttl = chrono::Duration::from_std(lifetimes.ttl).ok()?;
+            until.min(attach.checked_add_signed(ttl)?)
         }
     } else if state.status == RunPhase::Running {
         takeover(lifetimes.ttl)?
@@ -1155,6 +1243,74 @@ mod tests {
             quiet_until(&fresh, &Step::Wait, &seen(PodView::Absent), &t, TTL),
             None,
             "no pod yet"
+        );
+    }
+
+    /// A run decided 600 s ahead of its tick: its sidecar attaches [`ATTACH_LEAD`] before the
+    /// tick, so until then its pod needs no pass a ttl after each (only the pending lease's
+    /// renewals, the caller's), and its start is not late before the lead after the tick.
+    #[test]
+    fn a_run_decided_ahead_waits_for_its_attach_a_lead_before_its_tick() {
+        let t = timing();
+        let tick = now() + Duration::seconds(600);
+        let prepared = lease(
+            json!({"status": "pending", "attempt": 1, "run_id": "r",
+                "fire_time": cojob::json::format_time(tick),
+                "dispatched_at": cojob::json::format_time(now())}),
+            Some("h"),
+            700,
+        );
+        let live = seen(PodView::Live);
+        let attach = tick - Duration::seconds(15);
+        assert_eq!(attach_at(Some(tick), now()), Some(attach));
+        let short = Lifetimes {
+            ttl: std::time::Duration::from_secs(10),
+            ..TTL
+        };
+        assert_eq!(
+            quiet_until(&prepared, &Step::Wait, &live, &t, short),
+            Some(attach + Duration::seconds(10)),
+            "a ttl after its attach"
+        );
+        // Its start deadline: the start timeout (600 s) would end at the tick; the lead after
+        // it is later.
+        let state = RunState::parse(&prepared.state).unwrap();
+        let late_by = tick + Duration::seconds(15);
+        assert_eq!(
+            t.start_deadline(&state, StartClock::FromDispatch),
+            Some(late_by)
+        );
+        let at = |now| Timing { now, ..t };
+        assert_eq!(decide(Some(&prepared), &live, &at(tick)), Ok(Step::Wait));
+        assert_eq!(
+            decide(Some(&prepared), &live, &at(late_by)),
+            Ok(Step::StartTimedOut)
+        );
+        // A longer start timeout keeps its own deadline.
+        let patient = Timing {
+            start_timeout: std::time::Duration::from_secs(900),
+            ..t
+        };
+        assert_eq!(
+            patient.start_deadline(&state, StartClock::FromDispatch),
+            Some(now() + Duration::seconds(900))
+        );
+        // Inside the lead, and for a run whose tick passed, the sidecar attaches at once.
+        let soon = Timing {
+            now: attach + Duration::seconds(1),
+            ..t
+        };
+        assert_eq!(
+            quiet_until(&prepared, &Step::Wait, &live, &soon, short),
+            Some(soon.now + Duration::seconds(10))
+        );
+        assert_eq!(attach_at(Some(tick), tick), None);
+        let mut no_tick = prepared.clone();
+        no_tick.state["fire_time"] = json!("once");
+        assert_eq!(
+            quiet_until(&no_tick, &Step::Wait, &live, &t, short),
+            Some(now() + Duration::seconds(10)),
+            "no tick to wait for"
         );
     }
 

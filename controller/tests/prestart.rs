@@ -306,3 +306,92 @@ async fn a_pod_created_well_ahead_of_its_tick_goes_without_the_gate() {
     assert!(h.now() < tick);
     h.cleanup().await;
 }
+
+/// A run decided 600 s ahead of its tick (the most a prestart allows) at ttl 60 s: its sidecar
+/// attaches only `ATTACH_LEAD` before the tick, so until then the controller keeps the pending
+/// lease alive and passes the run only for those renewals (the controller passing at the
+/// times it asks for), where a pass a ttl made 10 and a sidecar that attached at once 30
+/// renewals. A sidecar that never attaches is timed out the lead after the tick, not at the
+/// tick where its 600 s start timeout from the dispatch ends.
+#[tokio::test]
+async fn a_run_decided_ahead_costs_its_pending_renewals_until_its_attach() {
+    use cojob_controller::run::ATTACH_LEAD;
+    let h = Harness::new("it-prestart-cost").await;
+    let minute = chrono::Duration::minutes(1);
+    let tick = h.now().duration_trunc(minute).unwrap() + minute * 12;
+    let schedule = format!("{} {} * * *", tick.minute(), tick.hour());
+    h.create_job(
+        "far",
+        json!({"schedule": schedule, "prestartSeconds": 600, "lease": {"ttlSeconds": 60}}),
+    )
+    .await;
+    let cx = h.context_with(&Budget::unlimited(), |s| {
+        s.sweep_interval = Duration::from_secs(10);
+    });
+    cx.focus.start();
+    h.reconcile_with(&cx, "far").await.unwrap();
+    h.advance(
+        (tick - chrono::Duration::seconds(600) - h.now())
+            .to_std()
+            .unwrap(),
+    );
+    h.advance(Duration::from_millis(50));
+    h.reconcile_with(&cx, "far").await.unwrap();
+    let run = tick_run("far", tick);
+    let pod = format!("{run}-1");
+    assert_eq!(
+        h.live_pod_names("far").await,
+        vec![pod.clone()],
+        "dispatched ahead"
+    );
+    // The kubelet runs the pod; its sidecar waits for its attach time.
+    h.start_pod(&pod).await;
+    let attach = tick - chrono::Duration::from_std(ATTACH_LEAD).unwrap();
+    let job = (h.ns.as_str(), "far");
+    let before = cx.db.store().stats();
+    let mut passes = 0u64;
+    loop {
+        let wait = cx
+            .focus
+            .until_due(job, [run.as_str()], h.now(), Duration::from_secs(10));
+        if h.now() + chrono::Duration::from_std(wait).unwrap() >= attach {
+            break;
+        }
+        h.advance(wait);
+        h.reconcile_with(&cx, "far").await.unwrap();
+        passes += 1;
+    }
+    let spent = cx.db.store().stats().since(&before);
+    println!(
+        "585 s waiting for the attach: {passes} passes, {} gets, {} puts (a pass a ttl: 10 passes; a sidecar attached at once: 30 renewals)",
+        spent.gets(),
+        spent.puts()
+    );
+    assert!((1..=3).contains(&passes), "{passes} passes");
+    assert_eq!(spent.gets(), 2 * passes, "the index and the lease per pass");
+    assert_eq!(spent.puts(), passes, "each pass renews the pending lease");
+    let lease = h.lease("far", &run).await.unwrap();
+    assert_eq!((lease.epoch, state(&lease).status.as_str()), (1, "pending"));
+    assert!(lease.deadline > tick, "kept alive past the tick");
+
+    // Its sidecar never attaches: not late at the tick, late the lead after it.
+    h.advance((tick - h.now()).to_std().unwrap() + Duration::from_secs(1));
+    h.reconcile_with(&cx, "far").await.unwrap();
+    let lease = h.lease("far", &run).await.unwrap();
+    assert_eq!(
+        (lease.epoch, state(&lease).reason),
+        (1, None),
+        "not timed out at its tick"
+    );
+    h.advance(ATTACH_LEAD);
+    h.reconcile_with(&cx, "far").await.unwrap();
+    let lease = h.lease("far", &run).await.unwrap();
+    assert!(
+        state(&lease).reason.as_deref() == Some(cojob_controller::run::START_TIMEOUT)
+            || lease.epoch > 1,
+        "timed out the lead after its tick: epoch {}, {:?}",
+        lease.epoch,
+        lease.state
+    );
+    h.cleanup().await;
+}

@@ -48,7 +48,23 @@ fn spawn_with_ttl(
     shared: &Path,
     ttl: Duration,
 ) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_cojob"))
+    sidecar_command(r, key, holder, epoch, uid, shared, ttl)
+        .spawn()
+        .unwrap()
+}
+
+/// The command of [`spawn_with_ttl`], to add to before it is spawned.
+fn sidecar_command(
+    r: &Rig,
+    key: &str,
+    holder: &str,
+    epoch: u64,
+    uid: &str,
+    shared: &Path,
+    ttl: Duration,
+) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cojob"));
+    command
         .arg("sidecar")
         .env(
             "COJOB_BUCKET",
@@ -61,9 +77,8 @@ fn spawn_with_ttl(
         .env("COJOB_SHARED_DIR", shared)
         .env("POD_UID", uid)
         .env("POD_NAME", "run-1-1")
-        .env("NODE_NAME", "node-a")
-        .spawn()
-        .unwrap()
+        .env("NODE_NAME", "node-a");
+    command
 }
 
 async fn until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
@@ -403,6 +418,126 @@ async fn a_restart_does_not_pass_the_start_gate_on_an_old_file() {
     assert!(
         !cojob_controller::sidecar::ready(r.shared.path()),
         "the stale file is gone"
+    );
+}
+
+/// The sidecar of a run decided ahead of its tick (`prestartSeconds`) reads its lease at its
+/// start and attaches only shortly before the tick (`sidecar_attach_at`, between `ATTACH_LEAD`
+/// and twice it, by its pod's UID): until then the lease is untouched
+/// (the controller keeps a pending lease alive) and the start gate is shut; the gate's own
+/// timeout counts from the attach, and it opens at the tick.
+#[tokio::test]
+async fn a_run_decided_ahead_attaches_a_lead_before_its_tick() {
+    use cojob_controller::run::ATTACH_LEAD;
+    let r = rig().await;
+    let holder = cojob::new_holder();
+    let key = "runs/r-ahead/lease";
+    r.db.lease(
+        key,
+        LeaseOptions::new(holder.clone(), Duration::from_secs(600)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let before = lease_doc(&r.db, key).await;
+    // The tick 3 s after twice the lead: the sidecar waits 3 to 18 s, then attaches.
+    let lead = chrono::Duration::from_std(ATTACH_LEAD).unwrap();
+    let now = chrono::Utc::now();
+    let tick = now + lead * 2 + chrono::Duration::seconds(3);
+    let attach_at = cojob_controller::run::sidecar_attach_at(Some(tick), now, "uid-a").unwrap();
+    assert!(attach_at >= tick - lead * 2 && attach_at <= tick - lead);
+    let fire_time = cojob::json::format_time(tick);
+    let mut child = sidecar_command(&r, key, &holder, 1, "uid-a", r.shared.path(), TTL)
+        .env("COJOB_FIRE_TIME", &fire_time)
+        .spawn()
+        .unwrap();
+    // The start gate, as the kubelet runs it, with a timeout shorter than the wait to attach.
+    let mut gate = Command::new(env!("CARGO_BIN_EXE_cojob"))
+        .args(["ready", "--wait", "1s"])
+        .env("COJOB_SHARED_DIR", r.shared.path())
+        .env("COJOB_FIRE_TIME", &fire_time)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(chrono::Utc::now() < attach_at, "the test was too slow");
+    assert_eq!(
+        lease_doc(&r.db, key).await,
+        before,
+        "nothing written before the attach time"
+    );
+    assert!(!cojob_controller::sidecar::ready(r.shared.path()));
+    assert!(gate.try_wait().unwrap().is_none(), "the gate still waits");
+    until("running", Duration::from_secs(25), async || {
+        lease_doc(&r.db, key).await["state"]["status"] == "running"
+    })
+    .await;
+    let attached = chrono::Utc::now();
+    assert!(
+        attached >= attach_at && attached < tick,
+        "attached at {attached}, for {attach_at} (tick {tick})"
+    );
+    let doc = lease_doc(&r.db, key).await;
+    let started = cojob::json::parse_time(doc["state"]["started_at"].as_str().unwrap()).unwrap();
+    assert!(
+        started >= attach_at,
+        "started_at {started} before {attach_at}"
+    );
+    // The gate opens at the tick, not at the attach.
+    assert_eq!(wait_exit(&mut gate, Duration::from_secs(40)), 0);
+    assert!(
+        chrono::Utc::now() >= tick,
+        "the gate opened before the tick"
+    );
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(5)), 0);
+}
+
+/// A run decided ahead whose pod is deleted before its sidecar attached (a suspension
+/// cancels it): the sidecar stops at once and writes nothing; and one whose attempt was
+/// fenced meanwhile finds out from its first read, at its start.
+#[tokio::test]
+async fn a_run_decided_ahead_stops_before_its_attach_without_writing() {
+    let r = rig().await;
+    let holder = cojob::new_holder();
+    let key = "runs/r-ahead-stopped/lease";
+    r.db.lease(
+        key,
+        LeaseOptions::new(holder.clone(), Duration::from_secs(600)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let before = lease_doc(&r.db, key).await;
+    let tick = cojob::json::format_time(chrono::Utc::now() + chrono::Duration::seconds(300));
+    let mut child = sidecar_command(&r, key, &holder, 1, "uid-a", r.shared.path(), TTL)
+        .env("COJOB_FIRE_TIME", &tick)
+        .spawn()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(child.try_wait().unwrap().is_none(), "it waits for its tick");
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    assert_eq!(wait_exit(&mut child, Duration::from_secs(5)), 0);
+    assert_eq!(lease_doc(&r.db, key).await, before, "nothing written");
+    assert!(!cojob_controller::sidecar::ready(r.shared.path()));
+    // Fenced before its start (a newer epoch): it exits at once, not at its attach time.
+    r.db.lease(
+        key,
+        LeaseOptions::new(holder.clone(), Duration::from_secs(600)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let mut stale = sidecar_command(&r, key, &holder, 1, "uid-a", r.shared.path(), TTL)
+        .env("COJOB_FIRE_TIME", &tick)
+        .spawn()
+        .unwrap();
+    assert_eq!(
+        wait_exit(&mut stale, Duration::from_secs(5)),
+        cojob_controller::sidecar::EXIT_NOT_ATTACHED
     );
 }
 

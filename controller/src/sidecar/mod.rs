@@ -1,7 +1,10 @@
 //! `cojob sidecar`: keeps a run's lease alive from inside the run's pod.
 //!
 //! It resumes the lease of its own epoch (`COJOB_EPOCH`) with the holder from the run's Secret,
-//! records `running` with the pod and node, and renews every ttl/3. It shows the run's state to
+//! records `running` with the pod and node, and renews every ttl/3. A run decided ahead of its
+//! tick (`prestartSeconds`) reads its lease at the start but attaches only
+//! [`ATTACH_LEAD`](crate::run::ATTACH_LEAD) before the tick; the controller keeps the pending
+//! lease alive until then. It shows the run's state to
 //! the workload as files in the shared volume:
 //!
 //! - `cancel_requested` appears when someone asked, by a cooperative write, for the run to stop;
@@ -83,7 +86,8 @@ pub fn fire_time_from_env() -> Option<chrono::DateTime<chrono::Utc>> {
 
 /// `cojob ready --wait [--not-before <time>]`: polls [`ready`] every 20 ms until it holds and
 /// `not_before` has come by this node's clock (true), or the sidecar has not attached within
-/// `timeout` (false). The sidecar's postStart hook: the kubelet starts the workload's containers
+/// `timeout` (false), counted from its attach time ([`crate::run::attach_at`]) when
+/// `not_before` is further ahead than [`crate::run::ATTACH_LEAD`]. The sidecar's postStart hook: the kubelet starts the workload's containers
 /// only once the hook returned, so the workload starts within 20 ms of the attach, where a
 /// startup probe would wait for its next period, and never before its tick when its run was
 /// decided ahead (`prestartSeconds`).
@@ -106,6 +110,13 @@ pub fn wait_ready(
 ) -> bool {
     let started = std::time::Instant::now();
     let longest = timeout + Duration::from_secs(crate::crd::MAX_PRESTART_SECONDS.unsigned_abs());
+    // The sidecar of a run decided ahead attaches only shortly before its tick: the timeout
+    // for the attach counts from then.
+    let now = chrono::Utc::now();
+    let attach_wait = crate::run::attach_at(not_before, now)
+        .and_then(|at| (at - now).to_std().ok())
+        .unwrap_or_default();
+    let attach_by = (timeout + attach_wait).min(longest);
     loop {
         let attached = ready(shared_dir);
         let due = not_before.is_none_or(|t| chrono::Utc::now() >= t);
@@ -113,7 +124,7 @@ pub fn wait_ready(
             return true;
         }
         let waited = started.elapsed();
-        if (!attached && waited >= timeout) || waited >= longest {
+        if (!attached && waited >= attach_by) || waited >= longest {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -158,6 +169,11 @@ pub struct Args {
     /// starts its workload too.
     #[arg(long, env = "POD_UID")]
     pod_uid: Option<String>,
+    /// The run's tick (RFC 3339), `once`, or empty: a tick further ahead than
+    /// [`crate::run::ATTACH_LEAD`] (a run decided ahead, `prestartSeconds`) is waited for
+    /// before the attach.
+    #[arg(long, env = "COJOB_FIRE_TIME")]
+    fire_time: Option<String>,
 }
 
 /// Another pod of the same epoch started its workload first.
@@ -223,6 +239,7 @@ impl std::fmt::Debug for Args {
             .field("holder", &"<redacted>")
             .field("ttl_seconds", &self.ttl_seconds)
             .field("shared_dir", &self.shared_dir)
+            .field("fire_time", &self.fire_time)
             .finish_non_exhaustive()
     }
 }
@@ -296,9 +313,65 @@ pub async fn run(
         }
         None => Db::open(&args.bucket).await?,
     };
-    let outcome = hold(&args, &db, minted, shutdown).await;
+    tokio::pin!(shutdown);
+    let outcome = match wait_to_attach(&args, &db, shutdown.as_mut()).await {
+        Ok(None) => hold(&args, &db, minted, shutdown).await,
+        ended => ended.map(|o| o.unwrap_or(Outcome::Stopped)),
+    };
     report_requests(&db, outcome.as_ref().ok());
     outcome
+}
+
+/// For a run decided ahead of its tick (`prestartSeconds`), waits until its attach time,
+/// [`crate::run::ATTACH_LEAD`] or up to twice that before the tick
+/// ([`crate::run::sidecar_attach_at`]), so the lease is renewed by the controller's pending
+/// renewals meanwhile, not every third of a ttl. It reads
+/// the lease once first, so a store it cannot reach or an attempt already fenced shows now, in
+/// the container's exit, while there is time to act. `None` when it is time to attach; the
+/// outcome when the lease is not this attempt's, or the sidecar was stopped meanwhile (its pod
+/// deleted before its tick: nothing was written, the workload never started).
+async fn wait_to_attach(
+    args: &Args,
+    db: &Db,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Option<Outcome>> {
+    let now = chrono::Utc::now();
+    let tick = args
+        .fire_time
+        .as_deref()
+        .and_then(|t| cojob::json::parse_time(t).ok());
+    let uid = args.pod_uid.as_deref().unwrap_or_default();
+    let Some(at) = crate::run::sidecar_attach_at(tick, now, uid) else {
+        return Ok(None);
+    };
+    let ttl = Duration::from_secs(args.ttl_seconds);
+    if db
+        .resume_lease(&args.lease_key, &args.holder, args.epoch, ttl)
+        .await?
+        .is_none()
+    {
+        tracing::error!(
+            key = args.lease_key,
+            epoch = args.epoch,
+            "the lease is absent, released, at another epoch or held by another"
+        );
+        mark(&args.shared_dir, "lease_lost", "not attached\n");
+        return Ok(Some(Outcome::NotAttached));
+    }
+    let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+    tracing::info!(
+        key = args.lease_key,
+        attach_at = %cojob::json::format_time(at),
+        wait_seconds = wait.as_secs(),
+        "the run's tick is ahead: attaching shortly before it"
+    );
+    tokio::select! {
+        () = shutdown => {
+            tracing::info!("stopping on signal before the attach; the workload never started");
+            Ok(Some(Outcome::Stopped))
+        }
+        () = tokio::time::sleep(wait) => Ok(None),
+    }
 }
 
 /// Logs the bucket requests this sidecar made, once, as it ends: what its run cost on top of

@@ -6,8 +6,9 @@
 //!    its workload never runs.
 //! n. A run prepared well ahead of its tick (past `cojob_controller::pod::GATE_FREE_LEAD`):
 //!    its pod is created without the holder gate (the watch's first sight of it has none), its
-//!    sidecar still gets its holder from the Secret created right after the pod, and its
-//!    workload starts at the tick, once.
+//!    sidecar still gets its holder from the Secret created right after the pod, attaches only
+//!    15 to 30 s before the tick (`cojob_controller::run::sidecar_attach_at`), and its workload
+//!    starts at the tick, once.
 
 use super::*;
 use kube::ResourceExt;
@@ -256,6 +257,22 @@ pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
         pod_name == format!("{run}-1"),
         "pod {pod_name} for run {run}\n{table}"
     );
+    // Its sidecar attached (recorded `started_at`) only one to two leads before the tick, not
+    // as its pod started 45 s ahead: the controller kept the pending lease alive until then.
+    let lead = 2 * cojob_controller::run::ATTACH_LEAD.as_secs() as i64;
+    let attached = rows
+        .iter()
+        .find(|r| r.decision.run_id() == Some(run.as_str()))
+        .and_then(|r| r.lease.as_ref())
+        .and_then(|l| l.state["started_at"].as_str())
+        .and_then(|t| cojob::json::parse_time(t).ok())
+        .map(|t| t.timestamp())
+        .with_context(|| format!("run {run} recorded no attach\n{table}"))?;
+    ensure!(
+        attached >= tick - lead - 1 && attached < tick,
+        "run {run}'s sidecar attached {} s before its tick, not within the {lead} s lead",
+        tick - attached
+    );
     // The effect ledger: the workload ran once, by its own clock not before the tick.
     let effects = effects_once(&ns, &run)?;
     ensure!(
@@ -265,8 +282,9 @@ pub async fn prepared_without_gate(ctx: Arc<Ctx>, ns: String) -> anyhow::Result<
         ts(effects[0])
     );
     println!(
-        "n: ok: pod {pod_name} created {} s ahead of its tick without the holder gate; its workload started {:+} s after the tick, once",
+        "n: ok: pod {pod_name} created {} s ahead of its tick without the holder gate; its sidecar attached {} s ahead; its workload started {:+} s after the tick, once",
         tick - pod_created,
+        tick - attached,
         effects[0] - tick
     );
     Ok(())

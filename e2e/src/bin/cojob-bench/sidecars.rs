@@ -12,7 +12,9 @@
 //! 1. it reads the holder from the pod's Secret, as the kubelet does for the container's
 //!    environment (again every 10 s while the Secret is missing, as the kubelet does);
 //! 2. it resumes the lease at the pod's epoch and records `running`, with the pod, its node
-//!    and UID, in one compare-and-swap ([`cojob_controller::sidecar::attached_state`]);
+//!    and UID, in one compare-and-swap ([`cojob_controller::sidecar::attached_state`]); for
+//!    a run decided ahead of its tick it reads the lease first and attaches only shortly
+//!    before the tick ([`cojob_controller::run::sidecar_attach_at`]), as the real sidecar does;
 //! 3. it renews every ttl/3;
 //! 4. once the pod ended or is being deleted, it renews once more, marking its epoch stopping
 //!    ([`cojob_controller::run::mark_stopping`]), as the real sidecar does on SIGTERM.
@@ -21,10 +23,11 @@
 //! reads them on kwok. One store client serves every simulated sidecar of a bucket, where each
 //! real one opens its own; the requests are the same.
 //!
-//! One difference remains: kwok moves a pod to Succeeded 2 to 5 s after Running whether its
-//! sidecar attached or not, where a real workload starts only after the attach. A pod that
-//! ended before its simulated sidecar attached leaves the lease to the controller, as it did
-//! without simulated sidecars.
+//! One difference remains: kwok moves a pod to Succeeded 2 to 5 s after Running (or after its
+//! tick, for a run decided ahead: `e2e/bench/kwok-stages.yaml`) whether its sidecar attached
+//! or not, where a real workload starts only after the attach. A pod that ended before its
+//! simulated sidecar attached leaves the lease to the controller, as it did without simulated
+//! sidecars.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -140,6 +143,8 @@ struct Attempt {
     ttl: Duration,
     secret: String,
     me: sidecar::PodIdentity,
+    /// The run's tick (`COJOB_FIRE_TIME`), when it is a time.
+    tick: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Attempt {
@@ -164,6 +169,7 @@ impl Attempt {
             epoch: value("COJOB_EPOCH")?.parse().ok()?,
             ttl: Duration::from_secs(value("COJOB_LEASE_TTL_SECONDS")?.parse().ok()?),
             secret: pod::holder_secret_of(p)?,
+            tick: value("COJOB_FIRE_TIME").and_then(|t| cojob::json::parse_time(&t).ok()),
             me: sidecar::PodIdentity {
                 pod: p.metadata.name.clone(),
                 node: spec.node_name.clone(),
@@ -311,6 +317,26 @@ async fn hold(
     if *pod_ended.borrow() {
         return Ok(Outcome::NotAttached);
     }
+    // A run decided ahead of its tick: one read now, the attach a lead before the tick
+    // (`run::attach_at`), as the real sidecar does.
+    let uid = a.me.uid.as_deref().unwrap_or_default();
+    if let Some(at) = run::sidecar_attach_at(a.tick, chrono::Utc::now(), uid) {
+        if db
+            .resume_lease(&a.lease_key, &holder, a.epoch, a.ttl)
+            .await?
+            .is_none()
+        {
+            return Ok(Outcome::NotAttached);
+        }
+        let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+        tokio::select! {
+            _ = pod_ended.changed() => return Ok(Outcome::NotAttached),
+            () = tokio::time::sleep(wait) => {}
+        }
+        if *pod_ended.borrow() {
+            return Ok(Outcome::NotAttached);
+        }
+    }
     let Some(mut lease) = db
         .resume_lease(&a.lease_key, &holder, a.epoch, a.ttl)
         .await?
@@ -411,6 +437,10 @@ mod tests {
         assert_eq!(a.epoch, 3);
         assert_eq!(a.ttl, Duration::from_secs(60));
         assert_eq!(a.secret, "co-1-1786240800-3-holder-abc123");
+        assert_eq!(
+            a.tick,
+            Some(cojob::json::parse_time("2026-12-06T12:00:00Z").unwrap())
+        );
         assert_eq!(
             a.me,
             sidecar::PodIdentity {
