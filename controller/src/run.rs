@@ -141,19 +141,19 @@ pub fn clear_stopping(mut state: Value) -> Value {
 
 /// How long before its tick, at the latest, the sidecar of a run decided ahead
 /// (`prestartSeconds`) attaches to its lease; it attaches between this and twice this before
-/// the tick ([`sidecar_attach_at`]). Until then it only reads the lease once, at its start (a store it cannot
-/// reach, or an attempt already fenced, shows while there is time to act), and the attempt
-/// stays `pending`, its lease kept by the controller's renewals of a pending attempt (one per
-/// third of the pending ttl) rather than the sidecar's (one per third of the ttl): a run
-/// prepared 600 s ahead at ttl 60 s makes about 2 writes before its tick instead of 30, and
-/// its job about 3 timer passes instead of 13. The attach is a read and a compare-and-swap,
-/// milliseconds on a reachable store; the lead leaves room for a slow one, and the start gate
-/// still holds the workload until the tick itself.
+/// the tick ([`sidecar_attach_at`]). Until then it only reads the lease once, at its start (a
+/// store it cannot reach, or an attempt already fenced, shows while there is time to act), and
+/// the attempt stays `pending`, its lease kept by the controller's renewals of a pending
+/// attempt (one per third of the pending ttl) rather than the sidecar's (one per third of the
+/// ttl): a run prepared 600 s ahead at ttl 60 s makes about 2 writes before its tick instead
+/// of 30, and its job about 3 timer passes instead of 13. The attach is a read and a
+/// compare-and-swap, milliseconds on a reachable store; the lead leaves room for a slow one,
+/// and the start gate still holds the workload until the tick itself.
 pub const ATTACH_LEAD: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// When the sidecar of a run whose tick is `fire_time` attaches: [`ATTACH_LEAD`] before the
-/// tick, or at once (`None`) for a run without a tick, or one whose tick is less than that
-/// lead after `now`.
+/// When, at the latest, the sidecar of a run whose tick is `fire_time` attaches:
+/// [`ATTACH_LEAD`] before the tick, or at once (`None`) for a run without a tick, or one whose
+/// tick is less than that lead after `now`.
 ///
 /// ```
 /// use chrono::{TimeZone, Utc};
@@ -644,7 +644,7 @@ impl Timing {
     /// let state = RunState { dispatched_at: Some("1970-01-01T00:16:40Z".into()), ..RunState::default() };
     /// assert_eq!(timing.start_deadline(&state, StartClock::FromDispatch), Some(now + chrono::Duration::seconds(600)));
     /// assert_eq!(timing.start_deadline(&state, StartClock::Queued), None);
-    /// // Decided 600 s ahead of its tick: its sidecar attaches 15 s before it.
+    /// // Decided 600 s ahead of its tick: its sidecar attaches 15 to 30 s before it.
     /// let ahead = RunState { fire_time: Some("1970-01-01T00:26:40Z".into()), ..state };
     /// assert_eq!(timing.start_deadline(&ahead, StartClock::FromDispatch), Some(now + chrono::Duration::seconds(615)));
     /// ```
@@ -661,8 +661,9 @@ impl Timing {
         let timeout =
             chrono::Duration::from_std(self.start_timeout).unwrap_or(chrono::Duration::MAX);
         let due = since.checked_add_signed(timeout)?;
-        // A run decided ahead of its tick attaches only [`ATTACH_LEAD`] before it, so its
-        // sidecar gets until as long after the tick, whatever its start timeout.
+        // The sidecar of a run decided ahead of its tick attaches only shortly before it, at
+        // the latest [`ATTACH_LEAD`] before it: it gets until as long after the tick,
+        // whatever its start timeout.
         let lead = chrono::Duration::from_std(ATTACH_LEAD).ok()?;
         let attach_by =
             attach_at(state.fire_at(), since).and_then(|at| at.checked_add_signed(lead + lead));
@@ -887,7 +888,7 @@ pub fn quiet_until(
         if long_waiting {
             until
         } else {
-            // Its sidecar attaches at once, or for a run decided ahead, the lead before its
+            // Its sidecar attaches at once, or for a run decided ahead, by the lead before its
             // tick ([`attach_at`]).
             let attach = attach_at(state.fire_at(), timing.now).unwrap_or(timing.now);
             let ttl = chrono::Duration::from_std(lifetimes.ttl).ok()?;

@@ -2,10 +2,10 @@
 //!
 //! It resumes the lease of its own epoch (`COJOB_EPOCH`) with the holder from the run's Secret,
 //! records `running` with the pod and node, and renews every ttl/3. A run decided ahead of its
-//! tick (`prestartSeconds`) reads its lease at the start but attaches only
-//! [`ATTACH_LEAD`](crate::run::ATTACH_LEAD) before the tick; the controller keeps the pending
-//! lease alive until then. It shows the run's state to
-//! the workload as files in the shared volume:
+//! tick (`prestartSeconds`) reads its lease at the start but attaches only 15 to 30 s before
+//! the tick ([`sidecar_attach_at`](crate::run::sidecar_attach_at)); the controller keeps the
+//! pending lease alive until then. It shows the run's state to the workload as files in the
+//! shared volume:
 //!
 //! - `cancel_requested` appears when someone asked, by a cooperative write, for the run to stop;
 //! - `lease_lost` appears when the lease was lost (fenced by a newer epoch, released or deleted),
@@ -86,11 +86,11 @@ pub fn fire_time_from_env() -> Option<chrono::DateTime<chrono::Utc>> {
 
 /// `cojob ready --wait [--not-before <time>]`: polls [`ready`] every 20 ms until it holds and
 /// `not_before` has come by this node's clock (true), or the sidecar has not attached within
-/// `timeout` (false), counted from its attach time ([`crate::run::attach_at`]) when
-/// `not_before` is further ahead than [`crate::run::ATTACH_LEAD`]. The sidecar's postStart hook: the kubelet starts the workload's containers
-/// only once the hook returned, so the workload starts within 20 ms of the attach, where a
-/// startup probe would wait for its next period, and never before its tick when its run was
-/// decided ahead (`prestartSeconds`).
+/// `timeout` (false), counted from its latest attach time ([`crate::run::attach_at`]) when
+/// `not_before` is further ahead than [`crate::run::ATTACH_LEAD`]. The sidecar's postStart
+/// hook: the kubelet starts the workload's containers only once the hook returned, so the
+/// workload starts within 20 ms of the attach, where a startup probe would wait for its next
+/// period, and never before its tick when its run was decided ahead (`prestartSeconds`).
 ///
 /// The wait for `not_before` is bounded by [`MAX_PRESTART_SECONDS`](crate::crd::MAX_PRESTART_SECONDS)
 /// and `timeout` from the hook's start: a fire time further ahead is not one the controller
