@@ -403,3 +403,73 @@ fn kubectl_cojob_is_the_same_command_line_as_a_plugin() {
     assert!(help.contains("kubectl cojob trigger"), "{help}");
     assert!(help.contains("--key"), "{help}");
 }
+
+/// `cojob drain` (the chart's pre-delete hook) lists the jobs' metadata a page at a time, so
+/// its memory does not grow with their specs and statuses; it sees a job being deleted as
+/// such, deletes the others, and ends once every job is gone.
+#[tokio::test]
+async fn drain_lists_the_jobs_a_page_at_a_time_and_deletes_them() {
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let h = Harness::new("it-cli-drain").await;
+    for i in 0..5 {
+        h.create_job(&format!("d{i}"), json!({"schedule": "0 0 1 1 *"}))
+            .await;
+    }
+    // One held by another's finalizer while it is deleted.
+    let held = json!({"metadata": {"finalizers": ["example.com/hold"]}});
+    h.jobs()
+        .patch("d0", &PatchParams::default(), &Patch::Merge(&held))
+        .await
+        .unwrap();
+    h.jobs()
+        .delete("d0", &DeleteParams::default())
+        .await
+        .unwrap();
+    let mut listed = cojob_controller::cli::operator::list_for_drain(&h.jobs(), 2)
+        .await
+        .unwrap()
+        .expect("the CRD exists");
+    listed.sort();
+    let names: Vec<(&str, bool)> = listed
+        .iter()
+        .map(|(ns, name, deleting)| {
+            assert_eq!(ns, &h.ns);
+            (name.as_str(), *deleting)
+        })
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("d0", true),
+            ("d1", false),
+            ("d2", false),
+            ("d3", false),
+            ("d4", false)
+        ],
+        "five jobs in three pages"
+    );
+    // The drain deletes the other four; it ends once the held one is let go.
+    let mut drain = cojob(&h, &["drain", "--namespace", &h.ns, "--timeout", "60s"])
+        .spawn()
+        .expect("spawn cojob drain");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(drain.try_wait().unwrap().is_none(), "it waits for d0");
+    let left = h.jobs().list(&Default::default()).await.unwrap().items;
+    assert_eq!(left.len(), 1, "only the held job is left");
+    let free = json!({"metadata": {"finalizers": null}});
+    h.jobs()
+        .patch("d0", &PatchParams::default(), &Patch::Merge(&free))
+        .await
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || drain.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("every CoordinatedJob is gone"),
+        "{}",
+        text(&out)
+    );
+    h.cleanup().await;
+}

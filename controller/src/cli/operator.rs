@@ -396,9 +396,40 @@ pub struct DrainArgs {
     pub timeout: Duration,
 }
 
-/// Deletes every CoordinatedJob (in every namespace, or in `--namespace`) and waits until they are gone (their
-/// finalizers cancel active runs), so that uninstalling leaves nothing behind. A missing CRD
-/// means there is nothing to drain.
+/// How many CoordinatedJobs one list request of `cojob drain` asks for.
+pub const DRAIN_PAGE: u32 = 500;
+
+/// Every CoordinatedJob that `api` sees, as `(namespace, name, being deleted)`: their metadata
+/// only, `page` at a time, so the drain's memory does not grow with the jobs' specs and
+/// statuses (at 10 000 jobs one list of the whole objects took more than the hook's 128 MiB).
+/// `None` without the CRD.
+pub async fn list_for_drain(
+    api: &Api<CoordinatedJob>,
+    page: u32,
+) -> anyhow::Result<Option<Vec<(String, String, bool)>>> {
+    let mut jobs = Vec::new();
+    let size = page.max(1);
+    let mut page = ListParams::default().limit(size);
+    loop {
+        let list = match api.list_metadata(&page).await {
+            Ok(list) => list,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+            Err(e) => return Err(e).context("listing CoordinatedJobs"),
+        };
+        jobs.extend(list.items.into_iter().map(|j| {
+            let deleting = j.metadata.deletion_timestamp.is_some();
+            (j.namespace().unwrap_or_default(), j.name_any(), deleting)
+        }));
+        match list.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(next) => page = ListParams::default().limit(size).continue_token(&next),
+            None => return Ok(Some(jobs)),
+        }
+    }
+}
+
+/// Deletes every CoordinatedJob (in every namespace, or in `--namespace`) and waits until they
+/// are gone (their finalizers cancel active runs), so that uninstalling leaves nothing behind.
+/// A missing CRD means there is nothing to drain.
 pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     let client = Client::try_default()
         .await
@@ -409,46 +440,39 @@ pub async fn drain(args: DrainArgs) -> anyhow::Result<()> {
     };
     let deadline = tokio::time::Instant::now() + args.timeout;
     loop {
-        let jobs = match api.list(&ListParams::default()).await {
-            Ok(list) => list.items,
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                println!("no CoordinatedJob CRD: nothing to drain");
-                return Ok(());
-            }
-            Err(e) => return Err(e).context("listing CoordinatedJobs"),
+        let Some(jobs) = list_for_drain(&api, DRAIN_PAGE).await? else {
+            println!("no CoordinatedJob CRD: nothing to drain");
+            return Ok(());
         };
         if jobs.is_empty() {
             println!("every CoordinatedJob is gone");
             return Ok(());
         }
         // Objects created while draining are deleted too.
-        let pending: Vec<&CoordinatedJob> = jobs
-            .iter()
-            .filter(|j| j.metadata.deletion_timestamp.is_none())
-            .collect();
-        if !pending.is_empty() {
-            for job in pending {
-                let ns = job.namespace().unwrap_or_default();
-                let namespaced: Api<CoordinatedJob> = Api::namespaced(client.clone(), &ns);
-                match namespaced
-                    .delete(&job.name_any(), &DeleteParams::default())
-                    .await
-                {
-                    Ok(_) => println!("deleting {ns}/{}", job.name_any()),
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e).context("deleting a CoordinatedJob"),
-                }
+        for (ns, name, _) in jobs.iter().filter(|(_, _, deleting)| !deleting) {
+            let namespaced: Api<CoordinatedJob> = Api::namespaced(client.clone(), ns);
+            match namespaced.delete(name, &DeleteParams::default()).await {
+                Ok(_) => println!("deleting {ns}/{name}"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e).context("deleting a CoordinatedJob"),
             }
         }
         if tokio::time::Instant::now() >= deadline {
-            let left: Vec<String> = jobs
+            let shown: Vec<String> = jobs
                 .iter()
-                .map(|j| format!("{}/{}", j.namespace().unwrap_or_default(), j.name_any()))
+                .take(20)
+                .map(|(ns, name, _)| format!("{ns}/{name}"))
                 .collect();
             anyhow::bail!(
-                "timed out after {:?}; still present: {}",
+                "timed out after {:?}; {} still present: {}{}",
                 args.timeout,
-                left.join(", ")
+                jobs.len(),
+                shown.join(", "),
+                if jobs.len() > shown.len() {
+                    ", …"
+                } else {
+                    ""
+                }
             );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
