@@ -344,7 +344,9 @@ async fn a_run_decided_ahead_costs_its_pending_renewals_until_its_attach() {
         vec![pod.clone()],
         "dispatched ahead"
     );
-    // The kubelet runs the pod; its sidecar waits for its attach time.
+    // The pod runs (a kubelet reports it Pending while the start gate waits, kwok Running:
+    // Running here, the case the pod's phase alone would not renew); its sidecar waits for its
+    // attach time.
     h.start_pod(&pod).await;
     let attach = tick - chrono::Duration::from_std(ATTACH_LEAD).unwrap();
     let job = (h.ns.as_str(), "far");

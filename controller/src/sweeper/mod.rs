@@ -435,7 +435,8 @@ async fn steal(
 
 /// Renews the lease of an attempt whose workload has not started: its pod is pending
 /// (unscheduled, pulling its image), or not created yet because an older pod is still
-/// stopping. Its sidecar cannot renew before it runs, and a slow start is not a lost run; the
+/// stopping, or it is a run decided ahead of its tick whose sidecar's attach time has not
+/// come ([`crate::run::attach_at`]). Its sidecar cannot renew before it runs, and a slow start is not a lost run; the
 /// start timeout bounds it. The lease holds for the pending ttl (the longer of the ttl and the
 /// start timeout), and the renewal is due when a third of it has passed, so it costs one write
 /// every pending ttl/3 per pending run, and a pass may come that late without a takeover.
@@ -449,16 +450,24 @@ async fn keep_pending_alive(
     lease: &LeaseInfo,
     pod: Option<&Pod>,
 ) -> Result<Option<chrono::DateTime<chrono::Utc>>, SweepError> {
+    let state = RunState::parse(&lease.state).ok();
+    let now = scope.cx.db.clock().now();
+    // A run decided ahead of its tick: its sidecar attaches only shortly before the tick,
+    // whatever its pod's phase says meanwhile (a kubelet reports it Pending while the start
+    // gate waits; a simulated one, Running).
+    let before_attach = state
+        .as_ref()
+        .is_some_and(|s| crate::run::attach_at(s.fire_at(), now).is_some());
     let waiting = match pod {
         Some(pod) => {
             let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            matches!(phase, None | Some("Pending")) && pod.metadata.deletion_timestamp.is_none()
+            (matches!(phase, None | Some("Pending")) || before_attach)
+                && pod.metadata.deletion_timestamp.is_none()
         }
         None => true, // not created yet: an older pod is still stopping
     };
-    let pending = waiting
-        && !lease.is_released()
-        && RunState::parse(&lease.state).is_ok_and(|s| s.never_started());
+    let pending =
+        waiting && !lease.is_released() && state.as_ref().is_some_and(RunState::never_started);
     if !pending {
         return Ok(None);
     }
@@ -467,7 +476,6 @@ async fn keep_pending_alive(
         holder::converge(scope, &run.run_id, lease.epoch, pod).await?;
     }
     let ttl = scope.pending_ttl();
-    let now = scope.cx.db.clock().now();
     let due = pending_renewal_due(scope, lease.deadline);
     if due.is_some_and(|due| now < due) {
         return Ok(due);
