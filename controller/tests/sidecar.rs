@@ -81,6 +81,22 @@ fn sidecar_command(
     command
 }
 
+/// The controller's acquisition of a run's lease for a pending attempt (its pending ttl).
+async fn acquire_pending(r: &Rig, key: &str, holder: &str) {
+    r.db.lease(key, LeaseOptions::new(holder, Duration::from_secs(600)))
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// The sidecar of a run decided ahead of its tick `fire_time` (its pod's UID `uid-a`).
+fn spawn_ahead(r: &Rig, key: &str, holder: &str, fire_time: &str) -> Child {
+    sidecar_command(r, key, holder, 1, "uid-a", r.shared.path(), TTL)
+        .env("COJOB_FIRE_TIME", fire_time)
+        .spawn()
+        .unwrap()
+}
+
 async fn until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
     while start.elapsed() < timeout {
@@ -432,13 +448,7 @@ async fn a_run_decided_ahead_attaches_a_lead_before_its_tick() {
     let r = rig().await;
     let holder = cojob::new_holder();
     let key = "runs/r-ahead/lease";
-    r.db.lease(
-        key,
-        LeaseOptions::new(holder.clone(), Duration::from_secs(600)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    acquire_pending(&r, key, &holder).await;
     let before = lease_doc(&r.db, key).await;
     // The tick 3 s after twice the lead: the sidecar waits 3 to 18 s, then attaches.
     let lead = chrono::Duration::from_std(ATTACH_LEAD).unwrap();
@@ -447,10 +457,7 @@ async fn a_run_decided_ahead_attaches_a_lead_before_its_tick() {
     let attach_at = cojob_controller::run::sidecar_attach_at(Some(tick), now, "uid-a").unwrap();
     assert!(attach_at >= tick - lead * 2 && attach_at <= tick - lead);
     let fire_time = cojob::json::format_time(tick);
-    let mut child = sidecar_command(&r, key, &holder, 1, "uid-a", r.shared.path(), TTL)
-        .env("COJOB_FIRE_TIME", &fire_time)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_ahead(&r, key, &holder, &fire_time);
     // The start gate, as the kubelet runs it, with a timeout shorter than the wait to attach.
     let mut gate = Command::new(env!("CARGO_BIN_EXE_cojob"))
         .args(["ready", "--wait", "1s"])
@@ -502,19 +509,10 @@ async fn a_run_decided_ahead_stops_before_its_attach_without_writing() {
     let r = rig().await;
     let holder = cojob::new_holder();
     let key = "runs/r-ahead-stopped/lease";
-    r.db.lease(
-        key,
-        LeaseOptions::new(holder.clone(), Duration::from_secs(600)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    acquire_pending(&r, key, &holder).await;
     let before = lease_doc(&r.db, key).await;
     let tick = cojob::json::format_time(chrono::Utc::now() + chrono::Duration::seconds(300));
-    let mut child = sidecar_command(&r, key, &holder, 1, "uid-a", r.shared.path(), TTL)
-        .env("COJOB_FIRE_TIME", &tick)
-        .spawn()
-        .unwrap();
+    let mut child = spawn_ahead(&r, key, &holder, &tick);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(child.try_wait().unwrap().is_none(), "it waits for its tick");
     let _ = Command::new("kill")
@@ -524,17 +522,8 @@ async fn a_run_decided_ahead_stops_before_its_attach_without_writing() {
     assert_eq!(lease_doc(&r.db, key).await, before, "nothing written");
     assert!(!cojob_controller::sidecar::ready(r.shared.path()));
     // Fenced before its start (a newer epoch): it exits at once, not at its attach time.
-    r.db.lease(
-        key,
-        LeaseOptions::new(holder.clone(), Duration::from_secs(600)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let mut stale = sidecar_command(&r, key, &holder, 1, "uid-a", r.shared.path(), TTL)
-        .env("COJOB_FIRE_TIME", &tick)
-        .spawn()
-        .unwrap();
+    acquire_pending(&r, key, &holder).await;
+    let mut stale = spawn_ahead(&r, key, &holder, &tick);
     assert_eq!(
         wait_exit(&mut stale, Duration::from_secs(5)),
         cojob_controller::sidecar::EXIT_NOT_ATTACHED
