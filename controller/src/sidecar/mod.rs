@@ -322,12 +322,30 @@ pub async fn run(
     outcome
 }
 
+/// Resumes this attempt's lease (a read); `None`, with the reason logged and `lease_lost`
+/// shown to the workload, when it is absent, released, at another epoch or held by another.
+async fn resume(args: &Args, db: &Db) -> Result<Option<cojob::Lease>, Error> {
+    let ttl = Duration::from_secs(args.ttl_seconds);
+    let lease = db
+        .resume_lease(&args.lease_key, &args.holder, args.epoch, ttl)
+        .await?;
+    if lease.is_none() {
+        tracing::error!(
+            key = args.lease_key,
+            epoch = args.epoch,
+            "the lease is absent, released, at another epoch or held by another"
+        );
+        mark(&args.shared_dir, "lease_lost", "not attached\n");
+    }
+    Ok(lease)
+}
+
 /// For a run decided ahead of its tick (`prestartSeconds`), waits until its attach time,
 /// [`crate::run::ATTACH_LEAD`] or up to twice that before the tick
 /// ([`crate::run::sidecar_attach_at`]), so the lease is renewed by the controller's pending
-/// renewals meanwhile, not every third of a ttl. It reads
-/// the lease once first, so a store it cannot reach or an attempt already fenced shows now, in
-/// the container's exit, while there is time to act. `None` when it is time to attach; the
+/// renewals meanwhile, not every third of a ttl. It reads the lease once first, so a store it
+/// cannot reach or an attempt already fenced shows now, in the container's exit, while there
+/// is time to act. `None` when it is time to attach; the
 /// outcome when the lease is not this attempt's, or the sidecar was stopped meanwhile (its pod
 /// deleted before its tick: nothing was written, the workload never started).
 async fn wait_to_attach(
@@ -344,18 +362,7 @@ async fn wait_to_attach(
     let Some(at) = crate::run::sidecar_attach_at(tick, now, uid) else {
         return Ok(None);
     };
-    let ttl = Duration::from_secs(args.ttl_seconds);
-    if db
-        .resume_lease(&args.lease_key, &args.holder, args.epoch, ttl)
-        .await?
-        .is_none()
-    {
-        tracing::error!(
-            key = args.lease_key,
-            epoch = args.epoch,
-            "the lease is absent, released, at another epoch or held by another"
-        );
-        mark(&args.shared_dir, "lease_lost", "not attached\n");
+    if resume(args, db).await?.is_none() {
         return Ok(Some(Outcome::NotAttached));
     }
     let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
@@ -398,16 +405,7 @@ async fn hold(
     let dir = args.shared_dir.as_path();
     // A pod that started late may find its first credentials renewed already.
     refresh_credentials(minted.as_deref(), db, args).await;
-    let Some(mut lease) = db
-        .resume_lease(&args.lease_key, &args.holder, args.epoch, ttl)
-        .await?
-    else {
-        tracing::error!(
-            key = args.lease_key,
-            epoch = args.epoch,
-            "the lease is absent, released, at another epoch or held by another"
-        );
-        mark(dir, "lease_lost", "not attached\n");
+    let Some(mut lease) = resume(args, db).await? else {
         return Ok(Outcome::NotAttached);
     };
     // The controller's acquisition set the deadline; start a full ttl from now and record
