@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, ObjectList, PartialObjectMeta, PostParams};
 use kube::core::DynamicObject;
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -58,12 +58,31 @@ pub async fn list_all<K>(api: &Api<K>) -> anyhow::Result<Vec<K>>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
+    paged(move |params| async move { api.list(&params).await }).await
+}
+
+/// The metadata of every object of `api`, read in pages of 500: the names, labels and
+/// annotations of 20 000 Jobs without their specs and statuses.
+pub async fn list_all_metadata<K>(api: &Api<K>) -> anyhow::Result<Vec<PartialObjectMeta<K>>>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    paged(move |params| async move { api.list_metadata(&params).await }).await
+}
+
+/// Every item of a paged list, `page` reading one page.
+async fn paged<T, F, Fut>(mut page: F) -> anyhow::Result<Vec<T>>
+where
+    T: Clone,
+    F: FnMut(ListParams) -> Fut,
+    Fut: std::future::Future<Output = kube::Result<ObjectList<T>>>,
+{
     let mut out = Vec::new();
     let mut params = ListParams::default().limit(500);
     loop {
-        let page = api.list(&params).await?;
-        out.extend(page.items);
-        match page.metadata.continue_ {
+        let list = page(params.clone()).await?;
+        out.extend(list.items);
+        match list.metadata.continue_ {
             Some(token) if !token.is_empty() => params = params.continue_token(&token),
             _ => return Ok(out),
         }

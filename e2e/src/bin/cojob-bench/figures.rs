@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{ContainerState, Pod};
 
 /// One pod's figures.
+#[derive(Debug, Clone)]
 pub struct Sample {
     /// Which object it belongs to.
     pub owner: String,

@@ -15,11 +15,12 @@
 //! all their sizes or one per size. Sizes of `--n` run on the real node; sizes of `--kwok` on
 //! the simulated nodes of `e2e/bench/kwok` (nothing runs there: a pod is Running when bound
 //! and Succeeded 2 to 5 s later; the bench plays each run pod's sidecar against the bucket,
-//! module `sidecars`, unless `--no-kwok-sidecars`). After the ticks, both kinds are suspended
-//! and the pods are read back:
+//! module `sidecars`, unless `--no-kwok-sidecars`). A watch of the namespace's pods records
+//! each pod of both kinds as it is created and runs (module `ledger`); after the ticks, the
+//! window's pods are read from it:
 //!
-//! - **dispatch lag**: the pod's creation minus the tick it serves (for CronJob, the tick is its
-//!   Job's `batch.kubernetes.io/cronjob-scheduled-timestamp`; for cojob, `COJOB_FIRE_TIME`);
+//! - **dispatch lag**: the pod's creation minus the tick it serves (for CronJob, the tick its
+//!   Job is named after, `<cronjob>-<minutes since the epoch>`; for cojob, `COJOB_FIRE_TIME`);
 //! - **start lag**: the workload container's start minus the tick (real node only);
 //! - **duplicates**: more than one Job (CronJob) or run (cojob) for one tick of one object;
 //! - **misses**: ticks of the window without a Job (CronJob) or a run (cojob), read once every
@@ -59,6 +60,7 @@ mod cost;
 mod figures;
 mod history;
 mod idle;
+mod ledger;
 mod machine;
 mod plots;
 mod recovery;

@@ -106,7 +106,7 @@ impl Sidecars {
         }
     }
 
-    /// Stops every simulated sidecar (their pods are suspended and read back by then) and
+    /// Stops every simulated sidecar (the window's pods are read back by then) and
     /// says what they did.
     pub fn stop(self) -> SidecarCounts {
         // Aborting the watch drops its set of sidecars, which aborts them (also on drop).

@@ -1,5 +1,5 @@
 //! One size N: create N CronJobs and N CoordinatedJobs on the same schedule, count the costs
-//! over the window's ticks, suspend both kinds and read every pod back.
+//! over the window's ticks, and read back every pod of them that a watch saw (module `ledger`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -7,14 +7,16 @@ use std::time::Duration;
 use chrono::{DateTime, Timelike, Utc};
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::PostParams;
+use kube::core::DynamicObject;
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use cojob_e2e::coordinated_jobs;
 
-use crate::cluster::{count, for_each_parallel, list_all, pod_spec, remove_namespace};
-use crate::figures::{Figures, Sample, created, figures, main_started, nan, nan_if_null};
+use crate::cluster::{for_each_parallel, list_all, list_all_metadata, pod_spec, remove_namespace};
+use crate::figures::{Figures, figures, nan, nan_if_null};
+use crate::ledger::{PodLedger, cronjob_tick};
 use crate::machine::{
     is_cojob_controller, is_kube_controller_manager, is_shared_component, machine_cpu,
     process_cost, process_identity,
@@ -151,6 +153,59 @@ fn counted_since(
         .collect()
 }
 
+/// What the CoordinatedJobs' statuses record of the window's ticks.
+struct Runs {
+    /// Ticks whose run succeeded.
+    served: BTreeSet<(String, DateTime<Utc>)>,
+    /// Ticks with a run, succeeded or not.
+    decided: BTreeSet<(String, DateTime<Utc>)>,
+    /// Runs of more than one lease epoch.
+    respawned: usize,
+    /// Of those, the runs on an attempt after the first.
+    new_attempts: usize,
+}
+
+/// Reads the runs of `ticks` from every CoordinatedJob's status (its active and recent runs).
+async fn runs_of(cojobs: &Api<DynamicObject>, ticks: &[DateTime<Utc>]) -> anyhow::Result<Runs> {
+    let mut runs = Runs {
+        served: BTreeSet::new(),
+        decided: BTreeSet::new(),
+        respawned: 0,
+        new_attempts: 0,
+    };
+    for job in list_all(cojobs).await? {
+        let status = job.data.get("status").cloned().unwrap_or_default();
+        for list in ["active", "recent"] {
+            for run in status
+                .get(list)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let tick = run
+                    .get("tick")
+                    .and_then(Value::as_str)
+                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                    .map(|t| t.with_timezone(&Utc));
+                let Some(tick) = tick.filter(|t| ticks.contains(t)) else {
+                    continue;
+                };
+                if run.get("epoch").and_then(Value::as_i64).unwrap_or(0) > 1 {
+                    runs.respawned += 1;
+                    if run.get("attempt").and_then(Value::as_i64).unwrap_or(1) > 1 {
+                        runs.new_attempts += 1;
+                    }
+                }
+                if run.get("phase").and_then(Value::as_str) == Some("succeeded") {
+                    runs.served.insert((job.name_any(), tick));
+                }
+                runs.decided.insert((job.name_any(), tick));
+            }
+        }
+    }
+    Ok(runs)
+}
+
 /// One size to measure: N of each kind, where, and how often they tick.
 #[derive(Debug, Clone, Copy)]
 pub struct Size {
@@ -200,6 +255,8 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     // On simulated nodes, the bench plays each run pod's sidecar (module `sidecars`).
     let sidecars =
         (nodes == Nodes::Kwok && !o.no_kwok_sidecars).then(|| Sidecars::start(client, ns));
+    // Every pod of both kinds, as it is created and runs (module `ledger`).
+    let ledger = PodLedger::start(client, ns);
     for_each_parallel(n, |i| {
         let (cronjobs, cojobs, cron, spec, prestart, start_timeout) = (
             cronjobs.clone(),
@@ -271,8 +328,9 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     tokio::time::sleep(wait).await;
     let after = Costs::now(&o.metrics).await?;
     // A tick decided late is late, not missed: wait (at most 2 minutes) until every object of
-    // both kinds has decided the last tick, so the suspension below cannot turn a late
-    // decision into a skipped tick.
+    // both kinds has decided the last tick, so that its pods are on their way when the ledger
+    // is read. Both kinds go on ticking (the namespace's removal stops them): the ledger keeps
+    // every pod it saw, and a later tick's pods are not the window's.
     let decided = |items: Vec<Value>| {
         items
             .iter()
@@ -308,127 +366,62 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
         }
         tokio::time::sleep(Duration::from_secs(if n > 1000 { 10 } else { 2 })).await;
     }
-    // Stop both kinds before reading back.
-    let suspend = json!({"spec": {"suspend": true}});
-    for_each_parallel(n, |i| {
-        let (cronjobs, cojobs, suspend) = (cronjobs.clone(), cojobs.clone(), suspend.clone());
-        async move {
-            let params = PatchParams::default();
-            cronjobs
-                .patch(&format!("cj-{i}"), &params, &Patch::Merge(&suspend))
-                .await?;
-            cojobs
-                .patch(&format!("co-{i}"), &params, &Patch::Merge(&suspend))
-                .await?;
-            Ok(())
-        }
-    })
-    .await?;
+    let read_back = tokio::time::Instant::now();
+    let runs = runs_of(&cojobs, &ticks).await?;
     // A decided tick's pod may still be on its way (a Job's pod, or a run's pod behind its
-    // Secret): read back once the number of pods holds still for 10 s (at most 2 minutes).
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let (mut seen, t0) = (count(&pods).await?, tokio::time::Instant::now());
+    // Secret): read the ledger once its pods of the window hold still for 10 s (at most 2
+    // minutes). Later ticks' pods are not the window's and do not count.
+    let (mut seen, t0) = (ledger.count_of(&ticks), tokio::time::Instant::now());
     while t0.elapsed() < Duration::from_secs(120) {
         tokio::time::sleep(Duration::from_secs(10)).await;
-        let now = count(&pods).await?;
+        let now = ledger.count_of(&ticks);
         if now == seen {
             break;
         }
         seen = now;
     }
-
+    if o.check {
+        // The ledger against a list of the namespace (small sizes only: the check runs in CI).
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let missing = ledger.missing(&list_all(&pods).await?, &ticks);
+        anyhow::ensure!(
+            missing.is_empty(),
+            "the pod ledger missed pods that a list shows: {missing:?}"
+        );
+    }
+    // Ticks with a Job, pod or not: a Job is named after its CronJob and tick, which the
+    // ledger reads off its pods' `job-name`; each Job's annotation checks the name.
     let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
-    let mut scheduled: BTreeMap<String, (String, DateTime<Utc>)> = BTreeMap::new();
-    for job in list_all(&jobs).await? {
-        let owner = job
-            .owner_references()
-            .iter()
-            .find(|r| r.kind == "CronJob")
-            .map(|r| r.name.clone());
-        let tick = job
+    let mut cron_decided: BTreeSet<(String, DateTime<Utc>)> = BTreeSet::new();
+    for job in list_all_metadata(&jobs).await? {
+        let name = job.name_any();
+        let from_name = cronjob_tick(&name);
+        let scheduled = job
             .annotations()
             .get("batch.kubernetes.io/cronjob-scheduled-timestamp")
             .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
             .map(|t| t.with_timezone(&Utc));
-        if let (Some(owner), Some(tick)) = (owner, tick) {
-            scheduled.insert(job.name_any(), (owner, tick));
-        }
+        anyhow::ensure!(
+            from_name.as_ref().map(|(_, tick)| *tick) == scheduled,
+            "Job {name}: its name gives {from_name:?}, its scheduled-timestamp annotation {scheduled:?}"
+        );
+        cron_decided.extend(from_name);
     }
-    let (mut cron, mut co) = (Vec::new(), Vec::new());
-    for pod in list_all(&pods).await? {
-        let Some(created) = created(&pod) else {
-            continue;
-        };
-        let started = main_started(&pod);
-        let labels = pod.labels();
-        if let Some(job) = labels.get("job-name") {
-            if let Some((owner, tick)) = scheduled.get(job) {
-                cron.push(Sample {
-                    owner: owner.clone(),
-                    tick: *tick,
-                    created,
-                    started,
-                    unit: job.clone(),
-                });
-            }
-        } else if let (Some(owner), Some(run)) =
-            (labels.get("cojob.dev/job"), labels.get("cojob.dev/run"))
-        {
-            let tick = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.containers.iter().find(|c| c.name == "main"))
-                .and_then(|c| c.env.as_ref())
-                .and_then(|env| env.iter().find(|e| e.name == "COJOB_FIRE_TIME"))
-                .and_then(|e| e.value.as_deref())
-                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-                .map(|t| t.with_timezone(&Utc));
-            if let Some(tick) = tick {
-                co.push(Sample {
-                    owner: owner.clone(),
-                    tick,
-                    created,
-                    started,
-                    unit: run.clone(),
-                });
-            }
-        }
-    }
+    let (cron, co) = ledger.samples();
+    println!(
+        "bench: N = {n}: read back in {:?}: {} pods seen, {} of the window",
+        read_back.elapsed(),
+        cron.len() + co.len(),
+        seen
+    );
     let cron_owners: Vec<String> = (0..n).map(|i| format!("cj-{i}")).collect();
     let co_owners: Vec<String> = (0..n).map(|i| format!("co-{i}")).collect();
-    // What the controller recorded: succeeded runs by tick, and runs of more than one epoch.
-    let (mut served, mut co_decided, mut respawned) = (BTreeSet::new(), BTreeSet::new(), 0);
-    let mut new_attempts = 0;
-    for job in list_all(&cojobs).await? {
-        let status = job.data.get("status").cloned().unwrap_or_default();
-        for list in ["active", "recent"] {
-            for run in status
-                .get(list)
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let tick = run
-                    .get("tick")
-                    .and_then(Value::as_str)
-                    .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
-                    .map(|t| t.with_timezone(&Utc));
-                let Some(tick) = tick.filter(|t| ticks.contains(t)) else {
-                    continue;
-                };
-                if run.get("epoch").and_then(Value::as_i64).unwrap_or(0) > 1 {
-                    respawned += 1;
-                    if run.get("attempt").and_then(Value::as_i64).unwrap_or(1) > 1 {
-                        new_attempts += 1;
-                    }
-                }
-                if run.get("phase").and_then(Value::as_str) == Some("succeeded") {
-                    served.insert((job.name_any(), tick));
-                }
-                co_decided.insert((job.name_any(), tick));
-            }
-        }
-    }
+    let Runs {
+        served,
+        decided: co_decided,
+        respawned,
+        new_attempts,
+    } = runs;
     // The simulated sidecars renew their leases until everything is read back: stopped before,
     // with kwok still playing the tick's pods, their Running pods' leases would expire and be
     // taken over while the bench reads, and count as respawns of the window.
@@ -438,7 +431,6 @@ async fn measure(client: &Client, o: &Options, size: Size, ns: &str) -> anyhow::
     }
     let mut co_figures = figures(&co, &co_owners, &ticks, &served, &co_decided, respawned);
     co_figures.new_attempts = Some(new_attempts);
-    let cron_decided: BTreeSet<(String, DateTime<Utc>)> = scheduled.values().cloned().collect();
     let runs = co_figures.pods.max(1) as f64;
     let per_tick = f64::from(ticks_n);
     let restarted = before.controller_process != after.controller_process;
