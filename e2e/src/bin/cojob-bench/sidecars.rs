@@ -16,8 +16,13 @@
 //!    a run decided ahead of its tick it reads the lease first and attaches only shortly
 //!    before the tick ([`cojob_controller::run::sidecar_attach_at`]), as the real sidecar does;
 //! 3. it renews every ttl/3;
-//! 4. once the pod ended or is being deleted, it renews once more, marking its epoch stopping
-//!    ([`cojob_controller::run::mark_stopping`]), as the real sidecar does on SIGTERM.
+//! 4. once the workload is over (5 s after the start gate opens, the longest kwok's stage runs
+//!    it), or the pod ended or is being deleted, it renews once more, marking its epoch
+//!    stopping ([`cojob_controller::run::mark_stopping`]), as the real sidecar does on the
+//!    SIGTERM a kubelet sends it once the workload ended. It does not wait for kwok to report
+//!    the pod's end: at N = 10 000 kwok's status writers report it minutes late, and a sidecar
+//!    renewing all that while cost the bucket requests and takeovers no real node causes
+//!    (2026-12-07: 186 takeovers); the controller waits for a stopping epoch's pod to end.
 //!
 //! It neither serves the workload API nor writes the shared volume's files: no workload
 //! reads them on kwok. One store client serves every simulated sidecar of a bucket, where each
@@ -355,20 +360,15 @@ async fn hold(
         Err(e) => return Err(e.into()),
     }
     counters.attached.fetch_add(1, Ordering::Relaxed);
+    let workload_ended = tokio::time::sleep(workload_time(a.tick, chrono::Utc::now()));
+    let mut workload_ended = std::pin::pin!(workload_ended);
     loop {
         tokio::select! {
-            // Its pod ended, or the watch that would say so is gone: stop as on SIGTERM.
-            _ = pod_ended.changed() => {
-                let epoch = a.epoch;
-                return match lease.renew_with(|s| Ok(run::mark_stopping(s, epoch))).await {
-                    // kwok reports the pod's end before this mark, where a kubelet reports it
-                    // after: the controller may have released the lease with the pod's result
-                    // already, which is what the mark leads to.
-                    Ok(()) => Ok(Outcome::Stopped),
-                    Err(e) if e.is_lease_lost() => Ok(Outcome::Stopped),
-                    Err(e) => Err(e.into()),
-                };
-            }
+            // Its pod ended, or the watch that would say so is gone, or its workload is over
+            // (a kubelet then stops the sidecar, whenever kwok reports the end): stop as on
+            // SIGTERM.
+            _ = pod_ended.changed() => return stop(a, &mut lease).await,
+            () = &mut workload_ended => return stop(a, &mut lease).await,
             () = tokio::time::sleep(a.ttl / 3) => {
                 match lease.renew().await {
                     Ok(()) => {}
@@ -379,6 +379,36 @@ async fn hold(
                 }
             }
         }
+    }
+}
+
+/// How long kwok's stage runs a pod's workload (`e2e/bench/kwok-stages.yaml`: it ends 2 to
+/// 5 s after it started); the simulated sidecar takes the longest.
+const WORKLOAD: Duration = Duration::from_secs(5);
+
+/// How long from `now`, an attach, until the workload of a run of `tick` is over: it starts at
+/// the tick (the start gate) or at once if the tick is past, and runs [`WORKLOAD`].
+fn workload_time(
+    tick: Option<chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Duration {
+    let gate = tick
+        .and_then(|t| (t - now).to_std().ok())
+        .unwrap_or_default();
+    gate + WORKLOAD
+}
+
+/// The last renewal of a sidecar told to stop: it marks its epoch stopping
+/// ([`run::mark_stopping`]), which tells the controller that the pod's end is on its way.
+async fn stop(a: &Attempt, lease: &mut cojob::Lease) -> anyhow::Result<Outcome> {
+    let epoch = a.epoch;
+    match lease.renew_with(|s| Ok(run::mark_stopping(s, epoch))).await {
+        // kwok may report the pod's end before this mark, where a kubelet reports it after:
+        // the controller may have released the lease with the pod's result already, which is
+        // what the mark leads to.
+        Ok(()) => Ok(Outcome::Stopped),
+        Err(e) if e.is_lease_lost() => Ok(Outcome::Stopped),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -449,6 +479,18 @@ mod tests {
                 uid: Some("pod-uid".into()),
             }
         );
+    }
+
+    #[test]
+    fn the_workload_ends_five_seconds_after_its_gate_opens() {
+        let now = cojob::json::parse_time("2026-12-06T11:59:40Z").unwrap();
+        let tick = cojob::json::parse_time("2026-12-06T12:00:00Z").unwrap();
+        // Attached 20 s before its tick: the gate holds the workload until then.
+        assert_eq!(workload_time(Some(tick), now), Duration::from_secs(25));
+        // Attached after its tick, or without one (a one-shot run): at once.
+        let late = cojob::json::parse_time("2026-12-06T12:00:03Z").unwrap();
+        assert_eq!(workload_time(Some(tick), late), WORKLOAD);
+        assert_eq!(workload_time(None, now), WORKLOAD);
     }
 
     #[test]
