@@ -123,8 +123,8 @@ pub fn tables(results: &[SizeResult]) -> String {
     for r in results {
         if let Some(s) = &r.simulated_sidecars {
             t.push_str(&format!(
-                "\nN = {} ({:?} nodes), simulated sidecars: {} attached ({} stopped with their pod, {} lost their lease), {} not attached (the pod ended first or its lease was taken), {} failed; {} bucket requests.\n",
-                r.n, r.nodes, s.attached, s.stopped, s.lost, s.not_attached, s.errors, s.bucket_requests
+                "\nN = {} ({:?} nodes), simulated sidecars: {} attached ({} stopped with their workload or pod, {} lost their lease), {} not attached (the pod ended first or its lease was taken), {} failed, {} store errors tried again; {} bucket requests.\n",
+                r.n, r.nodes, s.attached, s.stopped, s.lost, s.not_attached, s.errors, s.restarts, s.bucket_requests
             ));
         }
     }

@@ -63,8 +63,14 @@ pub struct SidecarCounts {
     /// Sidecars that stopped with their pod: the stopping mark written, or the lease released
     /// by the controller with the pod's result already.
     pub stopped: u64,
-    /// Sidecars that failed otherwise (the store or the API server unreachable).
+    /// Sidecars that failed otherwise (the API server unreachable, or a holder Secret without
+    /// a holder).
     pub errors: u64,
+    /// Store errors of an attach or of the stopping mark, each followed by a new try after a
+    /// kubelet's back-off (as a real sidecar that exits on one is started again); 0 in reports
+    /// from before they were tried again.
+    #[serde(default)]
+    pub restarts: u64,
     /// Bucket requests of every simulated sidecar together.
     pub bucket_requests: u64,
 }
@@ -84,6 +90,7 @@ struct Counters {
     lost: AtomicU64,
     stopped: AtomicU64,
     errors: AtomicU64,
+    restarts: AtomicU64,
 }
 
 /// The simulated sidecars of one namespace, running until [`Sidecars::stop`].
@@ -128,6 +135,7 @@ impl Sidecars {
             lost: c.lost.load(Ordering::Relaxed),
             stopped: c.stopped.load(Ordering::Relaxed),
             errors: c.errors.load(Ordering::Relaxed),
+            restarts: c.restarts.load(Ordering::Relaxed),
             bucket_requests,
         }
     }
@@ -322,43 +330,28 @@ async fn hold(
     if *pod_ended.borrow() {
         return Ok(Outcome::NotAttached);
     }
-    // A run decided ahead of its tick: one read now, the attach a lead before the tick
-    // (`run::attach_at`), as the real sidecar does.
-    let uid = a.me.uid.as_deref().unwrap_or_default();
-    if let Some(at) = run::sidecar_attach_at(a.tick, chrono::Utc::now(), uid) {
-        if db
-            .resume_lease(&a.lease_key, &holder, a.epoch, a.ttl)
-            .await?
-            .is_none()
-        {
-            return Ok(Outcome::NotAttached);
+    // The real sidecar exits on a store error, and the kubelet starts it again after its
+    // back-off: so does this one, until the pod ended.
+    let mut lease = loop {
+        match attach(a, &holder, db, &mut pod_ended).await {
+            Ok(Some(lease)) => break lease,
+            Ok(None) => return Ok(Outcome::NotAttached),
+            Err(e) => {
+                counters.restarts.fetch_add(1, Ordering::Relaxed);
+                println!(
+                    "bench: simulated sidecar of {:?}: {e:#}; starting again in {KUBELET_RETRY:?}",
+                    a.me.pod.as_deref().unwrap_or_default()
+                );
+                tokio::select! {
+                    _ = pod_ended.changed() => return Ok(Outcome::NotAttached),
+                    () = tokio::time::sleep(KUBELET_RETRY) => {}
+                }
+                if *pod_ended.borrow() {
+                    return Ok(Outcome::NotAttached);
+                }
+            }
         }
-        let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
-        tokio::select! {
-            _ = pod_ended.changed() => return Ok(Outcome::NotAttached),
-            () = tokio::time::sleep(wait) => {}
-        }
-        if *pod_ended.borrow() {
-            return Ok(Outcome::NotAttached);
-        }
-    }
-    let Some(mut lease) = db
-        .resume_lease(&a.lease_key, &holder, a.epoch, a.ttl)
-        .await?
-    else {
-        return Ok(Outcome::NotAttached);
     };
-    let started = cojob::json::format_time(chrono::Utc::now());
-    match lease
-        .renew_with(|s| sidecar::attached_state(s, &a.me, &started))
-        .await
-    {
-        Ok(()) => {}
-        Err(e) if e.is_lease_lost() || matches!(e, cojob::Error::Aborted { .. }) => {
-            return Ok(Outcome::NotAttached);
-        }
-        Err(e) => return Err(e.into()),
-    }
     counters.attached.fetch_add(1, Ordering::Relaxed);
     let workload_ended = tokio::time::sleep(workload_time(a.tick, chrono::Utc::now()));
     let mut workload_ended = std::pin::pin!(workload_ended);
@@ -368,7 +361,7 @@ async fn hold(
             // (a kubelet then stops the sidecar, whenever kwok reports the end): stop as on
             // SIGTERM.
             _ = pod_ended.changed() => return stop(a, &mut lease).await,
-            () = &mut workload_ended => return stop(a, &mut lease).await,
+            () = &mut workload_ended => return stop_ahead_of_kwok(a, &mut lease, &mut pod_ended, counters).await,
             () = tokio::time::sleep(a.ttl / 3) => {
                 match lease.renew().await {
                     Ok(()) => {}
@@ -396,6 +389,82 @@ fn workload_time(
         .and_then(|t| (t - now).to_std().ok())
         .unwrap_or_default();
     gate + WORKLOAD
+}
+
+/// One start of a simulated sidecar, up to its attach: `None` if the lease is not this
+/// attempt's, or the pod ended first. A run decided ahead of its tick reads its lease at once
+/// and attaches a lead before the tick ([`run::sidecar_attach_at`]), as the real sidecar does.
+async fn attach(
+    a: &Attempt,
+    holder: &str,
+    db: &Db,
+    pod_ended: &mut watch::Receiver<bool>,
+) -> anyhow::Result<Option<cojob::Lease>> {
+    let uid = a.me.uid.as_deref().unwrap_or_default();
+    if let Some(at) = run::sidecar_attach_at(a.tick, chrono::Utc::now(), uid) {
+        if db
+            .resume_lease(&a.lease_key, holder, a.epoch, a.ttl)
+            .await?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+        tokio::select! {
+            _ = pod_ended.changed() => return Ok(None),
+            () = tokio::time::sleep(wait) => {}
+        }
+        if *pod_ended.borrow() {
+            return Ok(None);
+        }
+    }
+    let Some(mut lease) = db
+        .resume_lease(&a.lease_key, holder, a.epoch, a.ttl)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let started = cojob::json::format_time(chrono::Utc::now());
+    match lease
+        .renew_with(|s| sidecar::attached_state(s, &a.me, &started))
+        .await
+    {
+        Ok(()) => Ok(Some(lease)),
+        Err(e) if e.is_lease_lost() || matches!(e, cojob::Error::Aborted { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// [`stop`] once the workload is over, tried again after a kubelet's back-off until it lands
+/// or the pod's end is reported. The real sidecar writes its mark once: if that fails, its
+/// kubelet reports the pod's end seconds later and the controller records it. kwok reports it
+/// minutes late under a backlog, and the lease would expire meanwhile and the run be taken
+/// over, which a real node does not cause.
+async fn stop_ahead_of_kwok(
+    a: &Attempt,
+    lease: &mut cojob::Lease,
+    pod_ended: &mut watch::Receiver<bool>,
+    counters: &Counters,
+) -> anyhow::Result<Outcome> {
+    loop {
+        match stop(a, lease).await {
+            Err(e) => {
+                counters.restarts.fetch_add(1, Ordering::Relaxed);
+                println!(
+                    "bench: simulated sidecar of {:?}: stopping: {e:#}; trying again in {KUBELET_RETRY:?}",
+                    a.me.pod.as_deref().unwrap_or_default()
+                );
+            }
+            done => return done,
+        }
+        tokio::select! {
+            _ = pod_ended.changed() => return Ok(Outcome::Stopped),
+            () = tokio::time::sleep(KUBELET_RETRY) => {}
+        }
+        if *pod_ended.borrow() {
+            return Ok(Outcome::Stopped);
+        }
+    }
 }
 
 /// The last renewal of a sidecar told to stop: it marks its epoch stopping
