@@ -60,8 +60,8 @@ pub struct SidecarCounts {
     pub not_attached: u64,
     /// Sidecars that lost the lease while they renewed it, before their pod ended (a takeover).
     pub lost: u64,
-    /// Sidecars that stopped with their pod: the stopping mark written, or the lease released
-    /// by the controller with the pod's result already.
+    /// Sidecars that stopped with their workload or their pod: the stopping mark written, or
+    /// the lease released by the controller with the pod's result already.
     pub stopped: u64,
     /// Sidecars that failed otherwise (the API server unreachable, or a holder Secret without
     /// a holder).
