@@ -345,9 +345,9 @@ async fn resume(args: &Args, db: &Db) -> Result<Option<cojob::Lease>, Error> {
 /// ([`crate::run::sidecar_attach_at`]), so the lease is renewed by the controller's pending
 /// renewals meanwhile, not every third of a ttl. It reads the lease once first, so a store it
 /// cannot reach or an attempt already fenced shows now, in the container's exit, while there
-/// is time to act. `None` when it is time to attach; the
-/// outcome when the lease is not this attempt's, or the sidecar was stopped meanwhile (its pod
-/// deleted before its tick: nothing was written, the workload never started).
+/// is time to act. `None` when it is time to attach; the outcome when the lease is not this
+/// attempt's, or the sidecar was stopped meanwhile (its pod deleted before its tick: nothing
+/// was written, the workload never started).
 async fn wait_to_attach(
     args: &Args,
     db: &Db,

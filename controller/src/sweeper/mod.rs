@@ -437,9 +437,10 @@ async fn steal(
 /// (unscheduled, pulling its image), or not created yet because an older pod is still
 /// stopping, or it is a run decided ahead of its tick whose sidecar's attach time has not
 /// come ([`crate::run::attach_at`]). Its sidecar cannot renew before it runs, and a slow start
-/// is not a lost run; the start timeout bounds it. The lease holds for the pending ttl (the longer of the ttl and the
-/// start timeout), and the renewal is due when a third of it has passed, so it costs one write
-/// every pending ttl/3 per pending run, and a pass may come that late without a takeover.
+/// is not a lost run; the start timeout bounds it. The lease holds for the pending ttl (the
+/// longer of the ttl and the start timeout), and the renewal is due when a third of it has
+/// passed, so it costs one write every pending ttl/3 per pending run, and a pass may come that
+/// late without a takeover.
 ///
 /// Returns when the next renewal is due, for an attempt this controller keeps alive (now, if
 /// the lease moved under it); `None` for one it does not (its pod runs, is being deleted, or

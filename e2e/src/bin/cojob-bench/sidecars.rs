@@ -294,11 +294,23 @@ async fn store(stores: &std::sync::Mutex<HashMap<String, Db>>, bucket: &str) -> 
 }
 
 /// How long a kubelet waits before it tries again to start a container whose Secret was
-/// missing (its pod worker's back-off).
+/// missing, or one that exited (its pod worker's back-off).
 const KUBELET_RETRY: Duration = Duration::from_secs(10);
 
-/// One simulated sidecar: attaches, renews every ttl/3 until its pod ended, then renews once
-/// more marking its epoch stopping.
+/// Sleeps `wait` unless the pod ends first; `true` if it ended (or the watch that would say so
+/// is gone).
+async fn sleep_unless_ended(pod_ended: &mut watch::Receiver<bool>, wait: Duration) -> bool {
+    if *pod_ended.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = pod_ended.changed() => true,
+        () = tokio::time::sleep(wait) => *pod_ended.borrow(),
+    }
+}
+
+/// One simulated sidecar: attaches, renews every ttl/3 until its workload is over or its pod
+/// ended, then renews once more marking its epoch stopping.
 async fn hold(
     a: &Attempt,
     secrets: &Api<Secret>,
@@ -313,12 +325,8 @@ async fn hold(
         if let Some(secret) = secrets.get_opt(&a.secret).await? {
             break secret;
         }
-        if *pod_ended.borrow() {
+        if sleep_unless_ended(&mut pod_ended, KUBELET_RETRY).await {
             return Ok(Outcome::NotAttached);
-        }
-        tokio::select! {
-            _ = pod_ended.changed() => return Ok(Outcome::NotAttached),
-            () = tokio::time::sleep(KUBELET_RETRY) => {}
         }
     };
     let holder = secret
@@ -342,11 +350,7 @@ async fn hold(
                     "bench: simulated sidecar of {:?}: {e:#}; starting again in {KUBELET_RETRY:?}",
                     a.me.pod.as_deref().unwrap_or_default()
                 );
-                tokio::select! {
-                    _ = pod_ended.changed() => return Ok(Outcome::NotAttached),
-                    () = tokio::time::sleep(KUBELET_RETRY) => {}
-                }
-                if *pod_ended.borrow() {
+                if sleep_unless_ended(&mut pod_ended, KUBELET_RETRY).await {
                     return Ok(Outcome::NotAttached);
                 }
             }
@@ -410,11 +414,7 @@ async fn attach(
             return Ok(None);
         }
         let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
-        tokio::select! {
-            _ = pod_ended.changed() => return Ok(None),
-            () = tokio::time::sleep(wait) => {}
-        }
-        if *pod_ended.borrow() {
+        if sleep_unless_ended(pod_ended, wait).await {
             return Ok(None);
         }
     }
@@ -457,11 +457,7 @@ async fn stop_ahead_of_kwok(
             }
             done => return done,
         }
-        tokio::select! {
-            _ = pod_ended.changed() => return Ok(Outcome::Stopped),
-            () = tokio::time::sleep(KUBELET_RETRY) => {}
-        }
-        if *pod_ended.borrow() {
+        if sleep_unless_ended(pod_ended, KUBELET_RETRY).await {
             return Ok(Outcome::Stopped);
         }
     }
